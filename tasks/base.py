@@ -1,0 +1,70 @@
+"""The shared task base: hash-named output folders (gokart-style unique ids), atomic completion."""
+from __future__ import annotations
+
+import contextlib
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterator
+
+import luigi
+from luigi.task import flatten
+
+from zgcore.atomic import atomic_path
+from zgcore.hashing import canonical, config_hash
+
+
+class ZGTask(luigi.Task):
+    """Base of every ZeroGraph task.
+
+    A task's output is one folder, ``<outputs>/<TaskFamily>/<label>-<hash>``, where the hash covers
+    :meth:`own_config` and the hashes of everything :meth:`requires` returns. The folder is built
+    under a temporary name and renamed when complete, so it exists only when the task is done.
+    """
+
+    outputs = luigi.Parameter(default="outputs", significant=False, description="root folder of all run artifacts")
+    device = luigi.Parameter(default="cpu", significant=False, description="torch device for this task's work")
+
+    def own_config(self) -> dict[str, Any]:
+        """The task's significant configuration (what its hash covers besides upstream hashes)."""
+        raise NotImplementedError
+
+    def label(self) -> str:
+        """Readable prefix of the output folder name."""
+        return self.get_task_family().lower()
+
+    @cached_property
+    def uid(self) -> str:
+        """The task's unique id: hash of family, own config and upstream ids."""
+        ups = [t.uid for t in flatten(self.requires()) if isinstance(t, ZGTask)]
+        return config_hash(self.get_task_family(), self.own_config(), ups)
+
+    @property
+    def out_dir(self) -> Path:
+        """Final output folder."""
+        return Path(self.outputs) / self.get_task_family() / f"{self.label()}-{self.uid}"
+
+    def output(self):
+        return luigi.LocalTarget(str(self.out_dir))
+
+    @contextlib.contextmanager
+    def building(self) -> Iterator[Path]:
+        """Yield a temporary folder; it becomes :attr:`out_dir` when the block exits cleanly.
+        A ``task.json`` recording family, label, hash, config and upstream ids is added."""
+        with atomic_path(self.out_dir) as tmp:
+            tmp.mkdir(parents=True)
+            yield tmp
+            info = {"family": self.get_task_family(), "label": self.label(), "uid": self.uid,
+                    "config": canonical(self.own_config()),
+                    "upstream": [t.uid for t in flatten(self.requires()) if isinstance(t, ZGTask)]}
+            (tmp / "task.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+    def progress(self, done: int, total: int, message: str = "") -> None:
+        """Report progress to the Luigi scheduler (shown in luigid's visualiser)."""
+        pct = int(100 * done / max(1, total))
+        self.set_progress_percentage(pct)
+        self.set_status_message(message or f"{done}/{total} ({pct}%)")
+
+    def log(self, msg: str) -> None:
+        """Print a line prefixed with the task's label (stdout, flushed)."""
+        print(f"[{self.get_task_family()} {self.label()}] {msg}", flush=True)

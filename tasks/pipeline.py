@@ -1,0 +1,297 @@
+"""The experiment graph: PrepareTeacher → PrepareCorpus → TeacherBoundary → TrainBlock(i) → Assemble → Evaluate.
+
+No edge joins two TrainBlocks: each reads only the boundary store.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import luigi
+
+from zgcore import boundary_store, corpus, metrics, teacher as zteacher, train as ztrain
+from zgcore.adapters import assemble, build_block
+from zgcore.atomic import write_json, write_text
+from zgcore.config import block_train_config, kept_layers, resolve_boundaries
+from zgcore.hashing import canonical
+
+from .base import ZGTask
+
+
+def path_stamp(spec: str) -> list | None:
+    """(name, size, mtime) of a local file or the files of a local folder; None for other specs.
+    Part of a task's hash so that editing a local teacher or corpus file rebuilds what depends on it."""
+    p = Path(os.path.expanduser(str(spec)))
+    if not p.exists():
+        return None
+    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.is_file())
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+class PrepareTeacher(ZGTask):
+    """Make the teacher loadable offline: fetch/checksum the built-in GGUF and convert it to a
+    Hugging Face folder (so later tasks load in seconds), build tiny teachers, or record a local one."""
+
+    teacher = luigi.Parameter(description="smollm2-135m | tiny-llama | tiny-qwen2 | tiny-gpt2 | HF folder | .gguf | Hub id")
+
+    def own_config(self):
+        return {"teacher": self.teacher, "stamp": path_stamp(self.teacher)}
+
+    def label(self):
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(str(self.teacher)).name)[:40] or "teacher"
+
+    def run(self):
+        record = zteacher.materialise(self.teacher, self.outputs, log=self.log)
+        with self.building() as tmp:
+            if record.get("gguf_file"):
+                self.log(f"de-quantising {record['gguf_file']} into a Hugging Face folder (once)")
+                model, tok = zteacher.load(record)
+                model.save_pretrained(tmp / "model")
+                tok.save_pretrained(tmp / "model")
+                record = {**record, "source_path": record["path"], "path": "model", "gguf_file": None}
+            zteacher.save_record(tmp / "teacher.json", record)
+
+
+def teacher_record(task: PrepareTeacher) -> dict[str, Any]:
+    """A prepared teacher's record with ``path`` made absolute."""
+    rec = zteacher.read_record(task.out_dir / "teacher.json")
+    if rec["path"] == "model":
+        rec["path"] = str((task.out_dir / "model").resolve())
+    return rec
+
+
+class _TeacherTask(ZGTask):
+    teacher = luigi.Parameter()
+
+    def load_teacher(self):
+        rec = teacher_record(self.teacher_task())
+        return rec, zteacher.load(rec, self.device)
+
+    def teacher_task(self) -> PrepareTeacher:
+        return PrepareTeacher(teacher=self.teacher, outputs=self.outputs)
+
+
+class PrepareCorpus(_TeacherTask):
+    """Tokenize the corpus with the teacher's tokenizer into fixed-length train/val sequences (HDF5)."""
+
+    corpus = luigi.DictParameter()
+
+    def requires(self):
+        return self.teacher_task()
+
+    def own_config(self):
+        src = self.corpus["source"]
+        stamps = None if src == "pydoc" else [path_stamp(str(f)) for f in _corpus_files(self.corpus)]
+        return {"corpus": self.corpus, "stamps": stamps}
+
+    def label(self):
+        return f"corpus-T{self.corpus['seq_len']}"
+
+    def run(self):
+        from transformers import AutoTokenizer
+
+        rec = teacher_record(self.teacher_task())
+        kw = {"gguf_file": rec["gguf_file"]} if rec.get("gguf_file") else {}
+        tok = AutoTokenizer.from_pretrained(rec["path"], **kw)
+        with self.building() as tmp:
+            meta = corpus.build_token_store(tmp / "tokens.h5", self.corpus, tok, rec["spec"], rec["max_positions"])
+            write_json(tmp / "meta.json", meta)
+        self.log(f"{meta['tokens']} tokens -> {meta['n_train']} train + {meta['n_val']} val sequences of {meta['seq_len']}")
+
+
+def _corpus_files(c):
+    from zgcore.config import corpus_files
+
+    return corpus_files(c)
+
+
+class TeacherBoundary(_TeacherTask):
+    """Run the frozen teacher once over train and val sequences and store the raw residual stream
+    at every boundary (one HDF5 dataset per boundary, chunked by sequence, with a manifest)."""
+
+    corpus = luigi.DictParameter()
+    boundary = luigi.DictParameter()
+
+    def requires(self):
+        return {"teacher": self.teacher_task(),
+                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+
+    def own_config(self):
+        return {"boundary": self.boundary}
+
+    def label(self):
+        return "boundaries"
+
+    def run(self):
+        rec, (model, _tok) = self.load_teacher()
+        bs = resolve_boundaries(self.boundary, rec["n_layers"])
+        tok_path = self.requires()["corpus"].out_dir / "tokens.h5"
+        tok_meta = corpus.read_meta(tok_path)
+        tokens = {s: corpus.read_tokens(tok_path, s) for s in ("train", "val")}
+        t0 = time.perf_counter()
+        with self.building() as tmp:
+            manifest = boundary_store.write_store(
+                tmp / "boundaries.h5", model, tokens, bs, self.boundary["dtype"], int(self.boundary["batch_size"]),
+                {"teacher_fingerprint": rec["fingerprint"], "tokenizer": tok_meta["tokenizer"],
+                 "corpus_fingerprint": tok_meta["fingerprint"]},
+                progress=lambda d, n: self.progress(d, n, f"teacher forward {d}/{n} sequences"), log=self.log)
+            seconds = time.perf_counter() - t0
+            write_json(tmp / "manifest.json", {**manifest, "build_seconds": seconds,
+                                              "bytes": (tmp / "boundaries.h5").stat().st_size})
+        self.log(f"built in {seconds:.1f} s")
+
+
+class TrainBlock(_TeacherTask):
+    """Train student block ``block`` (teacher layers [b_i, b_{i+1})) on boundary i → i+1.
+
+    Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``."""
+
+    corpus = luigi.DictParameter()
+    boundary = luigi.DictParameter()
+    block = luigi.IntParameter()
+    train = luigi.DictParameter(description="this block's resolved train settings")
+
+    def requires(self):
+        return TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs)
+
+    def own_config(self):
+        t = dict(canonical(self.train))
+        if t["objective"] == "clean":
+            t.pop("noise", None)  # clean regression draws no noise: its level must not move the hash
+        return {"block": self.block, "train": t}
+
+    def label(self):
+        return f"block{self.block}-{self.train['objective']}-s{self.train['seed']}"
+
+    @property
+    def work_dir(self) -> Path:
+        """Checkpoints and logs of an unfinished run (kept across interruptions)."""
+        return self.out_dir.with_name(self.out_dir.name + ".partial")
+
+    def run(self):
+        rec, (model, _tok) = self.load_teacher()
+        bs = resolve_boundaries(self.boundary, rec["n_layers"])
+        start, end = bs[self.block], bs[self.block + 1]
+        kept = kept_layers(start, end, self.train)
+        seed = ztrain.block_seed(int(self.train["seed"]), self.block)
+        block = build_block(model, kept, self.train["init"], seed)
+        del model
+        init_sd = block.layer_state_dict()
+        store = self.requires().out_dir / "boundaries.h5"
+        with boundary_store.BoundaryReader(store) as reader:
+            m = ztrain.train_block(block, reader, start, end, self.train, seed, self.work_dir, self.uid,
+                                   progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"))
+        with self.building() as tmp:
+            from safetensors.torch import save_file
+
+            ztrain.save_block(tmp / "block.safetensors", block)
+            save_file({k: v.contiguous() for k, v in init_sd.items()}, str(tmp / "init.safetensors"))
+            (tmp / "loss_log.csv").write_bytes((self.work_dir / "loss_log.csv").read_bytes())
+            write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,
+                                              "objective": self.train["objective"], "seed": seed})
+        import shutil
+
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        self.log(f"trained {m['steps']} steps in {m['seconds']:.1f} s; final loss {m['final_loss']:.4f}")
+
+
+def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
+    """Rebuild the student blocks of ``blocks`` (finished TrainBlock tasks) from their
+    ``<which>.safetensors`` (``block`` = trained, ``init`` = untrained)."""
+    from safetensors.torch import load_file
+
+    out = []
+    for t in blocks:
+        meta = json.loads((t.out_dir / "metrics.json").read_text())
+        b = build_block(model, meta["kept"], "teacher", 0)
+        b.load_layer_state_dict(load_file(str(t.out_dir / f"{which}.safetensors")))
+        out.append(b)
+    return out
+
+
+class _StudentTask(_TeacherTask):
+    corpus = luigi.DictParameter()
+    boundary = luigi.DictParameter()
+    blocks = luigi.ListParameter(description="each block's resolved train settings, in block order")
+
+    def block_tasks(self) -> list[TrainBlock]:
+        return [TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=i, train=t,
+                           outputs=self.outputs, device=self.device) for i, t in enumerate(self.blocks)]
+
+
+class Assemble(_StudentTask):
+    """Stitch the teacher's embedding, the trained blocks in order, and the teacher's final norm and
+    LM head into one Hugging Face model folder (config, safetensors, tokenizer)."""
+
+    def requires(self):
+        return self.block_tasks()
+
+    def own_config(self):
+        return {}
+
+    def label(self):
+        return "student"
+
+    def run(self):
+        rec, (model, tok) = self.load_teacher()
+        student = assemble(model, load_blocks(model, self.requires(), "block"))
+        with self.building() as tmp:
+            student.save_pretrained(tmp / "model")
+            tok.save_pretrained(tmp / "model")
+        self.log(f"saved {self.out_dir / 'model'}")
+
+
+class Evaluate(_StudentTask):
+    """Held-out cross-entropy of the teacher, the untrained student and the assembled student;
+    writes ``report.json`` and ``report.md``."""
+
+    eval = luigi.DictParameter()
+    name = luigi.Parameter(default="experiment", significant=False)
+
+    def requires(self):
+        return {"assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                                     outputs=self.outputs, device=self.device),
+                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+
+    def own_config(self):
+        return {"eval": self.eval}
+
+    def label(self):
+        return "report"
+
+    def run(self):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        rec, (teacher, tok) = self.load_teacher()
+        val = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "val")
+        if int(self.eval["max_sequences"]):
+            val = val[: int(self.eval["max_sequences"])]
+        bsz = int(self.eval["batch_size"])
+        block_tasks = self.block_tasks()
+        model_dir = self.requires()["assemble"].out_dir / "model"
+        student = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        untrained = assemble(teacher, load_blocks(teacher, block_tasks, "init"))
+        ce = {}
+        for i, (key, m) in enumerate((("teacher", teacher), ("untrained", untrained), ("student", student))):
+            self.progress(i, 3, f"held-out CE: {key}")
+            ce[key] = metrics.cross_entropy(m, val, bsz, desc=f"CE {key}")
+        ids = tok("The", return_tensors="pt").input_ids.to(self.device)
+        sample = tok.decode(student.generate(ids, max_new_tokens=24, do_sample=False)[0], skip_special_tokens=True)
+        blocks = [json.loads((t.out_dir / "metrics.json").read_text()) for t in block_tasks]
+        n_layers = lambda m: m.config.num_hidden_layers if hasattr(m.config, "num_hidden_layers") else m.config.n_layer
+        report = {"name": self.name, "teacher": self.teacher, "boundaries": [b["start"] for b in blocks] + [blocks[-1]["end"]],
+                  "seq_len": int(val.shape[1]), "val_sequences": int(len(val)), "val_tokens": int(val.size),
+                  "cross_entropy": ce, "perplexity": {k: metrics.perplexity(v) for k, v in ce.items()},
+                  "gap_recovered": metrics.gap_recovered(ce["untrained"], ce["student"], ce["teacher"]),
+                  "layers": {"teacher": n_layers(teacher), "untrained": n_layers(untrained), "student": n_layers(student)},
+                  "blocks": blocks, "model_dir": str(model_dir), "sample": sample}
+        with self.building() as tmp:
+            write_json(tmp / "report.json", report)
+            write_text(tmp / "report.md", metrics.report_markdown(report))
+        print(f"\nReport: {self.out_dir / 'report.md'}\n"
+              f"held-out CE (nats/token): teacher {ce['teacher']:.4f} | untrained student {ce['untrained']:.4f} | "
+              f"assembled student {ce['student']:.4f} | gap recovered {100 * report['gap_recovered']:.1f}%", flush=True)

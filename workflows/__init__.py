@@ -1,0 +1,34 @@
+"""Top-level Luigi wrapper tasks: ``luigi --module workflows RunExperiment --local-scheduler``."""
+from __future__ import annotations
+
+import luigi
+
+from .experiment import build_experiment, load_config
+
+
+class RunExperiment(luigi.WrapperTask):
+    """Run one experiment end to end: teacher → boundaries → blocks → assembled student → report.
+
+    Parameters:
+        config: a TOML or YAML experiment file (optional).
+        set: overrides, e.g. ``"train.lr=1e-4 blocks.1.lr=5e-5"``.
+        preset: a named preset from ``workflows/presets`` (``default``, ``tiny``, ``smoke``).
+        outputs: root folder of run artifacts.
+
+    Raises ``zgcore.config.ConfigError`` at construction — before any task runs — on bad input.
+    """
+
+    config = luigi.Parameter(default="", description="experiment file (.toml/.yaml)")
+    set = luigi.Parameter(default="", description='overrides: "train.lr=1e-4 blocks.1.lr=5e-5"')
+    preset = luigi.Parameter(default="default", description="preset in workflows/presets")
+    outputs = luigi.Parameter(default="outputs", description="root folder of run artifacts")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cfg = load_config(self.config, self.set, self.preset)
+
+    def requires(self):
+        return build_experiment(self.cfg, self.outputs)
+
+
+__all__ = ["RunExperiment", "build_experiment", "load_config"]

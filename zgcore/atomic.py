@@ -1,0 +1,55 @@
+"""Atomic outputs: write under a temporary name in the same folder, then ``os.replace``.
+
+A partial file or folder never carries the final name, so an interrupted run never counts as
+complete.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+from .hashing import canonical
+
+
+def tmp_sibling(path: Path) -> Path:
+    """A unique temporary path beside ``path`` (same filesystem, so rename is atomic)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path; on success rename it to ``path``, on error remove it.
+
+    Works for files and folders. Raises ``FileExistsError`` if ``path`` is a non-empty folder
+    created meanwhile by someone else (the other writer wins; nothing is overwritten).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_sibling(path)
+    try:
+        yield tmp
+        if path.is_dir() and tmp.is_dir():
+            raise FileExistsError(f"{path} was completed by another writer")
+        os.replace(tmp, path)
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.exists():
+            tmp.unlink()
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(canonical(obj), indent=2, sort_keys=True) + "\n")
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)

@@ -1,0 +1,72 @@
+"""Canonical configuration hashing: one function names every output path.
+
+Follows gokart's unique ids: a task's id is a hash of its own significant configuration and the
+ids of its upstream tasks, so a change anywhere upstream moves every path downstream of it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import PurePath
+from typing import Any, Iterable, Mapping
+
+HASH_LEN = 12
+
+
+def canonical(obj: Any) -> Any:
+    """Return a JSON-ready canonical form of ``obj``.
+
+    Mappings become dicts with string keys (key order is irrelevant once dumped with
+    ``sort_keys``); tuples become lists; integral floats become ints so that ``1`` and ``1.0``
+    hash alike; paths become strings.
+
+    Raises:
+        TypeError: for values that have no canonical JSON form (e.g. arbitrary objects) or NaN.
+    """
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if math.isnan(obj) or math.isinf(obj):
+            raise TypeError(f"cannot hash non-finite float {obj!r}")
+        return int(obj) if obj.is_integer() else obj
+    if isinstance(obj, Mapping):
+        return {str(k): canonical(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [canonical(v) for v in obj]
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return canonical(obj.item())
+    raise TypeError(f"cannot canonicalise {type(obj).__name__}: {obj!r}")
+
+
+def canonical_json(obj: Any) -> str:
+    """Serialise ``obj`` canonically (sorted keys, no whitespace). Returns a str."""
+    return json.dumps(canonical(obj), sort_keys=True, separators=(",", ":"))
+
+
+def config_hash(kind: str, config: Mapping[str, Any], upstream: Iterable[str] = ()) -> str:
+    """Hash a task's identity: its kind, canonical config and ordered upstream hashes.
+
+    Args:
+        kind: the task family (e.g. ``"TrainBlock"``).
+        config: the task's significant configuration.
+        upstream: the hashes of the tasks it reads from, in a fixed order.
+
+    Returns:
+        The first ``HASH_LEN`` hex digits of a SHA-256 digest.
+    """
+    payload = canonical_json({"kind": kind, "config": config, "upstream": list(upstream)})
+    return hashlib.sha256(payload.encode()).hexdigest()[:HASH_LEN]
+
+
+def file_sha256(path: str | PurePath, chunk: int = 1 << 22) -> str:
+    """SHA-256 hex digest of a file's bytes, read in ``chunk``-byte pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

