@@ -9,11 +9,30 @@ from __future__ import annotations
 import copy
 import glob
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 SafeLoader that also reads ``1e-4`` (no dot) as a float, as YAML 1.2 and TOML do."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _yaml(text: str):
+    return yaml.load(text, Loader=_Loader)
 
 
 class ConfigError(ValueError):
@@ -95,7 +114,7 @@ def load_file(path: str | os.PathLike) -> dict[str, Any]:
         if p.suffix == ".toml":
             data = tomllib.loads(text)
         elif p.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
+            data = _yaml(text) or {}
         else:
             raise ConfigError(f"experiment file {p}: use .toml, .yaml or .yml")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
@@ -118,7 +137,7 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = _yaml(raw) if raw != "" else ""
         node = out
         parts = key.split(".")
         for part in parts[:-1]:

@@ -249,6 +249,8 @@ def load(record: dict[str, Any], device: str = "cpu"):
     if getattr(model.config, "quantization_config", None) is not None:
         # weights are de-quantised floats now; drop the GGUF marker so saved configs reload plainly
         del model.config.quantization_config
+        model.hf_quantizer = None
+        model.is_quantized = False
     return model, tok
 
 

@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny teachers, a task recorder, a Luigi runner."""
+from __future__ import annotations
+
+import os
+
+import luigi
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+RAN: list[luigi.Task] = []
+
+
+@luigi.Task.event_handler(luigi.Event.START)
+def _record_start(task):
+    RAN.append(task)
+
+
+@pytest.fixture
+def run_graph():
+    """Run tasks with the local scheduler; return ``(ok, [(family, label), ...] that ran)``."""
+    def run(*tasks, workers: int = 1):
+        RAN.clear()
+        res = luigi.build(list(tasks), local_scheduler=True, workers=workers, log_level="WARNING", detailed_summary=True)
+        ran = [(t.get_task_family(), t.label() if hasattr(t, "label") else "wrapper") for t in RAN]
+        return res.scheduling_succeeded and "failed" not in res.summary_text.lower().split("this progress looks")[0], ran
+    return run
+
+
+def tiny_cfg(teacher: str = "tiny-llama", **over) -> str:
+    """An override string for a seconds-long experiment on a tiny teacher."""
+    base = {"teacher": teacher, "corpus.seq_len": 32, "corpus.max_tokens": 3072, "boundary.num_blocks": 2,
+            "train.n_layers": 1, "train.max_steps": 6, "train.lr": 1e-3, "train.checkpoint_every": 2}
+    base.update(over)
+    return " ".join(f"{k}={v}" for k, v in base.items())

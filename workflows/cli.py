@@ -1,0 +1,79 @@
+"""``zerograph``: what Luigi's own CLI does not give — each task's state, and an experiment's report."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from luigi.task import flatten
+
+from tasks import ZGTask
+from zgcore.config import ConfigError
+
+from .experiment import build_experiment, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="ZeroGraph: inspect experiments built with `luigi --module workflows RunExperiment`.")
+
+ConfigOpt = typer.Option("", "--config", "-c", help="experiment file (.toml/.yaml)")
+SetOpt = typer.Option("", "--set", "-s", help='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"')
+PresetOpt = typer.Option("default", "--preset", "-p", help="preset in workflows/presets")
+OutputsOpt = typer.Option("outputs", "--outputs", "-o", help="root folder of run artifacts")
+
+
+def walk(task: ZGTask) -> list[ZGTask]:
+    """Every task of the graph under ``task``, dependencies first, each once."""
+    seen: dict[str, ZGTask] = {}
+
+    def visit(t):
+        for d in flatten(t.requires()):
+            visit(d)
+        seen.setdefault(t.task_id, t)
+
+    visit(task)
+    return list(seen.values())
+
+
+def task_state(t: ZGTask) -> str:
+    """``done`` (output at the current hash), ``stale`` (outputs of this step exist, but only for
+    another configuration or upstream: it will rebuild), or ``missing`` (never built)."""
+    if t.complete():
+        return "done"
+    family_dir = t.out_dir.parent
+    others = [p for p in family_dir.glob(f"{t.label()}-*") if p.is_dir() and not p.name.endswith(".partial")] if family_dir.is_dir() else []
+    return "stale" if others else "missing"
+
+
+def _graph(config, set_, preset, outputs):
+    try:
+        return build_experiment(load_config(config, set_, preset), outputs)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
+@app.command()
+def status(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt):
+    """Each task of an experiment: done, missing, or stale."""
+    tasks = walk(_graph(config, set, preset, outputs))
+    width = max(len(f"{t.get_task_family()} {t.label()}") for t in tasks)
+    for t in tasks:
+        name = f"{t.get_task_family()} {t.label()}"
+        typer.echo(f"{name:<{width}}  {task_state(t):<7}  {t.out_dir}")
+
+
+@app.command()
+def report(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
+           as_json: bool = typer.Option(False, "--json", help="print report.json instead of report.md")):
+    """Print an experiment's report (exit 1 if it has not been built)."""
+    ev = _graph(config, set, preset, outputs)
+    path = ev.out_dir / ("report.json" if as_json else "report.md")
+    if not path.is_file():
+        typer.echo(f"no report yet at {path}; run: luigi --module workflows RunExperiment --local-scheduler", err=True)
+        raise typer.Exit(1)
+    typer.echo(path.read_text())
+
+
+def main() -> None:
+    """Entry point of the ``zerograph`` command."""
+    app()
