@@ -155,16 +155,20 @@ class TrainBlock(_TeacherTask):
     train = luigi.DictParameter(description="this block's resolved train settings")
 
     def requires(self):
+        if self.train["targets"] == "online":  # no cache: the teacher runs inside training
+            return {"teacher": self.teacher_task(),
+                    "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
         return TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs)
 
     def own_config(self):
         t = dict(canonical(self.train))
+        t["boundary"] = canonical(self.boundary) if t["targets"] == "online" else None
         if t["objective"] == "clean":
             t.pop("noise", None)  # clean regression draws no noise: its level must not move the hash
         return {"block": self.block, "train": t}
 
     def label(self):
-        return f"block{self.block}-{self.train['objective']}-s{self.train['seed']}"
+        return f"block{self.block}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}"
 
     @property
     def work_dir(self) -> Path:
@@ -178,12 +182,18 @@ class TrainBlock(_TeacherTask):
         kept = kept_layers(start, end, self.train)
         seed = ztrain.block_seed(int(self.train["seed"]), self.block)
         block = build_block(model, kept, self.train["init"], seed)
-        del model
-        init_sd = block.layer_state_dict()
-        store = self.requires().out_dir / "boundaries.h5"
-        with boundary_store.BoundaryReader(store) as reader:
-            m = ztrain.train_block(block, reader, start, end, self.train, seed, self.work_dir, self.uid,
+        init_sd = {k: v.clone() for k, v in block.layer_state_dict().items()}  # training updates in place
+        if self.train["targets"] == "online":
+            tokens = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "train")
+            source = boundary_store.OnlineBoundaries(model, tokens, [start, end], self.boundary["dtype"],
+                                                     int(self.boundary["batch_size"]))
+        else:
+            del model
+            source = boundary_store.BoundaryReader(self.requires().out_dir / "boundaries.h5")
+        with source:
+            m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"))
+            m["teacher_seconds"] = getattr(source, "teacher_seconds", 0.0)
         with self.building() as tmp:
             from safetensors.torch import save_file
 
@@ -191,7 +201,8 @@ class TrainBlock(_TeacherTask):
             save_file({k: v.contiguous() for k, v in init_sd.items()}, str(tmp / "init.safetensors"))
             (tmp / "loss_log.csv").write_bytes((self.work_dir / "loss_log.csv").read_bytes())
             write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,
-                                              "objective": self.train["objective"], "seed": seed})
+                                              "objective": self.train["objective"], "targets": self.train["targets"],
+                                              "seed": seed})
         import shutil
 
         shutil.rmtree(self.work_dir, ignore_errors=True)

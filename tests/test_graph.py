@@ -25,6 +25,8 @@ def test_whole_graph_runs_and_student_loads_and_generates(family, tmp_path, run_
     assert set(report["cross_entropy"]) == {"teacher", "untrained", "student"}
     assert report["layers"] == {"teacher": 4, "untrained": 2, "student": 2}
     assert all(v > 0 for v in report["cross_entropy"].values())
+    # the untrained student is the block initialisation, not the trained weights
+    assert report["cross_entropy"]["untrained"] != report["cross_entropy"]["student"]
     # the assembled student is a plain Hugging Face folder
     model = AutoModelForCausalLM.from_pretrained(report["model_dir"])
     tok = AutoTokenizer.from_pretrained(report["model_dir"])
@@ -49,7 +51,7 @@ def test_incremental_rebuilds(tmp_path, run_graph):
     ok, ran = run_graph(RunExperiment(preset="", set=cfg + " blocks.1.lr=0.002", outputs=out))
     assert ok
     assert sorted(x for x in ran if x[0] != "RunExperiment") == sorted(
-        [("TrainBlock", "block1-clean-s0"), ("Assemble", "student"), ("Evaluate", "report")])
+        [("TrainBlock", "block1-clean-cached-s0"), ("Assemble", "student"), ("Evaluate", "report")])
 
 
 def test_key_order_and_int_float_in_files_do_not_rebuild(tmp_path, run_graph):
@@ -78,8 +80,8 @@ def test_status_cli_reports_done_missing_stale(tmp_path, run_graph):
     assert {task_state(t) for t in walk(ev)} == {"done"}
     changed = build_experiment(load_config(overrides=cfg + " blocks.0.lr=0.005", preset=""), out)
     states = {(t.get_task_family(), t.label()): task_state(t) for t in walk(changed)}
-    assert states[("TrainBlock", "block0-clean-s0")] == "stale"
-    assert states[("TrainBlock", "block1-clean-s0")] == "done"
+    assert states[("TrainBlock", "block0-clean-cached-s0")] == "stale"
+    assert states[("TrainBlock", "block1-clean-cached-s0")] == "done"
     assert states[("Evaluate", "report")] == "stale"
     r = CliRunner().invoke(app, ["report", "--preset", "", "--set", cfg, "--outputs", out])
     assert r.exit_code == 0 and "held-out CE" in r.stdout

@@ -5,7 +5,7 @@ Layout of ``boundaries.h5``::
     /train/b<b>   [n_train, seq_len, hidden]  dtype from the manifest, chunked one sequence per chunk
     /val/b<b>     [n_val,   seq_len, hidden]
     /stats/b<b>   [2, hidden] float32: per-channel RMS at position 0 (the attention sink) and at
-                  positions >= 1, over the training split
+                  positions >= 1, over the first STATS_SEQUENCES training sequences
     attrs["manifest"]  JSON: format version, teacher and corpus fingerprints, tokenizer, boundaries,
                        dtype, seq_len, hidden_size, split sizes
 
@@ -29,6 +29,9 @@ from .adapters import capture_boundaries
 from .atomic import atomic_path
 
 FORMAT_VERSION = 1
+# Per-channel statistics come from the first STATS_SEQUENCES training sequences, so that online
+# targets (which never see the whole cache) compute exactly the same numbers.
+STATS_SEQUENCES = 64
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # h5py has no bfloat16: store its bit pattern as uint16.
 H5_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
@@ -102,22 +105,106 @@ def write_store(path: str | os.PathLike, teacher, tokens: Mapping[str, np.ndarra
                     caps = capture_boundaries(teacher, ids, boundaries)
                     for b, h in caps.items():
                         dsets[b][lo: lo + len(ids)] = to_storage(h, dtype)
-                        if split_name == "train":
-                            hs = round_trip(h, dtype).double().cpu()
-                            sumsq[b][0] += (hs[:, 0] ** 2).sum(0)
-                            sumsq[b][1] += (hs[:, 1:] ** 2).sum((0, 1))
+                        if split_name == "train" and lo < STATS_SEQUENCES:
+                            accumulate_sumsq(sumsq[b], h[: STATS_SEQUENCES - lo], dtype)
                     done += len(ids)
                     bar.update(len(ids))
                     if progress:
                         progress(done, total)
-            n = len(tokens["train"])
+            n = min(len(tokens["train"]), STATS_SEQUENCES)
             st = f.create_group("stats")
             for b in boundaries:
-                rms = torch.stack([(sumsq[b][0] / n).sqrt(), (sumsq[b][1] / (n * max(1, seq_len - 1))).sqrt()])
-                st.create_dataset(f"b{b}", data=rms.float().numpy())
+                st.create_dataset(f"b{b}", data=finish_stats(sumsq[b], n, seq_len).numpy())
             f.attrs["manifest"] = json.dumps(manifest, sort_keys=True)
             f.flush()
     return manifest
+
+
+def accumulate_sumsq(acc: torch.Tensor, h: torch.Tensor, dtype: str) -> None:
+    """Add the per-channel sums of squares of ``h`` ``[batch, seq, hidden]`` (as stored in
+    ``dtype``) to ``acc`` ``[2, hidden]`` float64: row 0 position 0, row 1 positions >= 1."""
+    hs = round_trip(h, dtype).double().cpu()
+    acc[0] += (hs[:, 0] ** 2).sum(0)
+    acc[1] += (hs[:, 1:] ** 2).sum((0, 1))
+
+
+def finish_stats(acc: torch.Tensor, n: int, seq_len: int) -> torch.Tensor:
+    """Per-channel RMS ``[2, hidden]`` float32 from sums of squares over ``n`` sequences."""
+    return torch.stack([(acc[0] / n).sqrt(), (acc[1] / (n * max(1, seq_len - 1))).sqrt()]).float()
+
+
+class OnlineBoundaries:
+    """Online targets: the same interface as :class:`BoundaryReader` for training, but boundaries
+    are computed by running the frozen teacher on each batch instead of read from the cache.
+
+    Values are rounded through the storage ``dtype`` exactly as a cache would store them, and the
+    per-channel statistics come from the same first ``STATS_SEQUENCES`` sequences in the same
+    batches, so an objective-matched run gives the same bits as with cached targets.
+
+    Args:
+        teacher: frozen causal LM. tokens: training token ids ``[n, seq_len]`` (int).
+        boundaries: the boundaries this block needs (e.g. ``[b_i, b_i+1]``). dtype: storage dtype name.
+        batch_size: teacher batch size for the statistics pass (the cache build's ``batch_size``).
+
+    Attributes:
+        teacher_seconds: wall time spent in the teacher so far (s).
+    """
+
+    def __init__(self, teacher, tokens: np.ndarray, boundaries: Sequence[int], dtype: str, batch_size: int):
+        import time
+
+        self.teacher, self.tokens, self.dtype = teacher, tokens, dtype
+        self.boundaries = sorted(set(boundaries))
+        self.device = next(teacher.parameters()).device
+        seq_len, hidden = tokens.shape[1], int(teacher.config.hidden_size)
+        acc = {b: torch.zeros(2, hidden, dtype=torch.float64) for b in self.boundaries}
+        n = min(len(tokens), STATS_SEQUENCES)
+        t0 = time.perf_counter()
+        for lo in range(0, n, batch_size):
+            ids = torch.from_numpy(tokens[lo: min(lo + batch_size, len(tokens))].astype(np.int64)).to(self.device)
+            for b, h in capture_boundaries(teacher, ids, self.boundaries).items():
+                accumulate_sumsq(acc[b], h[: n - lo], dtype)
+        self._stats = {b: finish_stats(acc[b], n, seq_len) for b in self.boundaries}
+        self.teacher_seconds = time.perf_counter() - t0
+
+    def n(self, split_name: str) -> int:
+        """Number of training sequences (only ``"train"`` is served online)."""
+        return len(self.tokens)
+
+    def stats(self, b: int) -> torch.Tensor:
+        """Per-channel RMS of boundary ``b``, ``[2, hidden]`` float32 (as :meth:`BoundaryReader.stats`)."""
+        return self._stats[b]
+
+    def read(self, split_name: str, b: int, idx) -> torch.Tensor:
+        """Boundary ``b`` for sequences ``idx``, computed now: float32 ``[len(idx), seq_len, hidden]``."""
+        return self._pair(idx, [b])[b]
+
+    def _pair(self, idx, bs):
+        import time
+
+        t0 = time.perf_counter()
+        ids = torch.from_numpy(self.tokens[np.asarray(idx)].astype(np.int64)).to(self.device)
+        caps = capture_boundaries(self.teacher, ids, bs)
+        out = {b: round_trip(h, self.dtype).cpu() for b, h in caps.items()}
+        self.teacher_seconds += time.perf_counter() - t0
+        return out
+
+    def batches(self, split_name: str, b_in: int, b_out: int, order: np.ndarray, batch_size: int,
+                start: int = 0) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """As :meth:`BoundaryReader.batches`, running the teacher once per batch for both boundaries."""
+        n_batches = (len(order) + batch_size - 1) // batch_size
+        for k in range(start, n_batches):
+            caps = self._pair(order[k * batch_size: (k + 1) * batch_size], [b_in, b_out])
+            yield k, caps[b_in], caps[b_out]
+
+    def close(self) -> None:
+        """Nothing to close (interface parity with :class:`BoundaryReader`)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class BoundaryReader:

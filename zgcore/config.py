@@ -61,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
     },
     "train": {
         "objective": "clean",
+        "targets": "cached",  # "cached": read the teacher boundary store; "online": run the teacher each step
         "noise": 0.1,  # noisy/denoise objectives: noise std as a multiple of each channel's RMS
         "loss_norm": "channel",
         "n_layers": None,  # None = round(keep_fraction * partition size)
@@ -87,6 +88,7 @@ KEEP_POLICIES = ("spread", "first", "last")
 INITS = ("teacher", "random")
 DTYPES = ("float32", "float16", "bfloat16")
 LOSS_NORMS = ("none", "token", "channel")
+TARGETS = ("cached", "online")
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -239,6 +241,8 @@ def validate_train(t: Mapping[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: unknown objective {t['objective']!r}; known: {', '.join(sorted(OBJECTIVES))}")
     if not isinstance(t["noise"], (int, float)) or isinstance(t["noise"], bool) or t["noise"] < 0:
         raise ConfigError(f"{where}: noise must be a number >= 0, got {t['noise']!r}")
+    if t["targets"] not in TARGETS:
+        raise ConfigError(f"{where}: targets must be one of {TARGETS}, got {t['targets']!r}")
     if t["loss_norm"] not in LOSS_NORMS:
         raise ConfigError(f"{where}: loss_norm must be one of {LOSS_NORMS}, got {t['loss_norm']!r}")
     if t["keep"] not in KEEP_POLICIES:

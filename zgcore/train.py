@@ -90,6 +90,9 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
             opt.load_state_dict(ck["optimizer"])
             torch.set_rng_state(ck["torch_rng"])
             start, log = int(ck["step"]), [tuple(r) for r in ck["log"]]
+            print(f"block {b_in}->{b_out}: resumed from step {start} of {steps} ({ckpt_path})", flush=True)
+        else:
+            print(f"block {b_in}->{b_out}: ignoring {ckpt_path}, written by another configuration", flush=True)
     resumed_from = start
     block.train()
     t0 = time.perf_counter()
@@ -99,9 +102,10 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     while step < steps:
         epoch, k = divmod(step, per_epoch)
         order = data_order(n, seed, epoch)
+        t_prev = time.perf_counter()
         for _, x, y in reader.batches("train", b_in, b_out, order, bs, start=k):
-            t1 = time.perf_counter()
             x, y = x.to(device), y.to(device)
+            t1 = t_prev  # reading (or, online, computing) the batch happened inside the iterator
             gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
             inp, target = make_pair(x, y, ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
             t2 = time.perf_counter()
@@ -116,6 +120,7 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
             t3 = time.perf_counter()
             data_s += t2 - t1
             compute_s += t3 - t2
+            t_prev = time.perf_counter()
             step += 1
             log.append((step, float(loss), opt.param_groups[0]["lr"]))
             bar.update(1)
