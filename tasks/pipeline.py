@@ -273,6 +273,49 @@ class Evaluate(_StudentTask):
     def label(self):
         return "report"
 
+    def economics(self, teacher, tokens, blocks: list[dict]) -> dict | None:
+        """Cache economics from measured times: the cache build (manifest), each block job's wall
+        time, and — for the mode a block did not run in — the job projected from its measured
+        compute time plus (online) the teacher time per batch timed here, or (cached) the
+        measured data time of reading a batch from the store."""
+        import numpy as np
+        import torch
+        from zgcore.adapters import capture_boundaries
+
+        manifest_path = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
+                                        outputs=self.outputs).out_dir / "manifest.json"
+        if not manifest_path.is_file():
+            return None
+        man = json.loads(manifest_path.read_text())
+        n_seq = man["n_train"] + man["n_val"]
+        jobs = []
+        timed: dict[tuple[int, int], float] = {}
+        for b in blocks:
+            bsz = int(self.blocks[b["block"]]["batch_size"])
+            key = (b["end"], bsz)
+            if key not in timed:
+                ids = torch.as_tensor(np.resize(tokens, (bsz, tokens.shape[1])), dtype=torch.long, device=self.device)
+                capture_boundaries(teacher, ids, [b["start"], b["end"]])  # warm-up
+                t0 = time.perf_counter()
+                for _ in range(2):
+                    capture_boundaries(teacher, ids, [b["start"], b["end"]])
+                timed[key] = (time.perf_counter() - t0) / 2
+            if b["targets"] == "online":
+                online, teacher_s = b["seconds"], b["teacher_seconds"]
+                cached = b["compute_seconds"] + b["data_seconds"] - teacher_s  # no measured read time: a lower bound
+            else:
+                cached, teacher_s = b["seconds"], b["steps"] * timed[key]
+                online = b["compute_seconds"] + teacher_s
+            jobs.append({"block": b["block"], "cached_seconds": cached, "online_seconds": online,
+                         "data_seconds": b["data_seconds"], "compute_seconds": b["compute_seconds"],
+                         "online_teacher_seconds": teacher_s, "steps": b["steps"], "measured": b["targets"]})
+        econ = metrics.cache_economics(man["build_seconds"], man["bytes"], jobs)
+        econ["build_seconds_per_sequence"] = man["build_seconds"] / n_seq
+        econ["method"] = ("Each job's time in the mode it ran in is measured; the other mode is projected from its "
+                          "measured compute time plus the teacher's forward time per batch up to the block's output "
+                          "boundary, timed in this task.")
+        return econ
+
     def run(self):
         import torch
         from transformers import AutoModelForCausalLM
@@ -286,10 +329,14 @@ class Evaluate(_StudentTask):
         model_dir = self.requires()["assemble"].out_dir / "model"
         student = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         untrained = assemble(teacher, load_blocks(teacher, block_tasks, "init"))
-        ce = {}
-        for i, (key, m) in enumerate((("teacher", teacher), ("untrained", untrained), ("student", student))):
-            self.progress(i, 3, f"held-out CE: {key}")
+        ce, cu = {}, {}
+        n_ctx = min(int(self.eval["context_sequences"]), len(val))
+        models = (("teacher", teacher), ("untrained", untrained), ("student", student))
+        for i, (key, m) in enumerate(models):
+            self.progress(i, 3, f"held-out CE and context use: {key}")
             ce[key] = metrics.cross_entropy(m, val, bsz, desc=f"CE {key}")
+            if n_ctx:
+                cu[key] = metrics.context_use(m, val[:n_ctx], int(self.eval["context_window"]))
         ids = tok("The", return_tensors="pt").input_ids.to(self.device)
         sample = tok.decode(student.generate(ids, max_new_tokens=24, do_sample=False)[0], skip_special_tokens=True)
         blocks = [json.loads((t.out_dir / "metrics.json").read_text()) for t in block_tasks]
@@ -299,7 +346,10 @@ class Evaluate(_StudentTask):
                   "cross_entropy": ce, "perplexity": {k: metrics.perplexity(v) for k, v in ce.items()},
                   "gap_recovered": metrics.gap_recovered(ce["untrained"], ce["student"], ce["teacher"]),
                   "layers": {"teacher": n_layers(teacher), "untrained": n_layers(untrained), "student": n_layers(student)},
-                  "blocks": blocks, "model_dir": str(model_dir), "sample": sample}
+                  "blocks": blocks, "model_dir": str(model_dir), "sample": sample,
+                  "context_use": cu, "context_window": int(self.eval["context_window"]), "context_sequences": n_ctx}
+        report["gates"] = metrics.gates(report, float(self.eval["gate_gap"]), float(self.eval["gate_context"]))
+        report["economics"] = self.economics(teacher, val, blocks)
         with self.building() as tmp:
             write_json(tmp / "report.json", report)
             write_text(tmp / "report.md", metrics.report_markdown(report))

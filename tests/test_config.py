@@ -34,6 +34,9 @@ def test_file_and_overrides_merge(tmp_path):
     ("teacher=tiny-llama corpus.seq_len=32 boundary.num_blocks=2 train.n_layers=3", "exceeds the partition's 2 teacher layers"),
     ("teacher=tiny-llama corpus.seq_len=32 boundary.num_blocks=2 blocks.5.lr=1", "only 2 blocks"),
     ("teacher=tiny-llama corpus.seq_len=32 train.lr=-1", "lr must be positive"),
+    ("teacher=tiny-llama corpus.seq_len=32 eval.context_window=17", "at most half of corpus.seq_len"),
+    ("teacher=tiny-llama corpus.seq_len=32 train.noise=-0.5", "noise must be a number >= 0"),
+    ("teacher=tiny-llama corpus.seq_len=32 train.targets=remote", "targets must be one of"),
     ("teacher=tiny-llama corpus.seq_len=32 corpus.source=/nonexistent/*.txt", "matches no file"),
 ])
 def test_bad_input_fails_with_a_clear_message(over, needle):

@@ -79,7 +79,14 @@ DEFAULTS: dict[str, Any] = {
         "checkpoint_every": 25,
     },
     "blocks": {},
-    "eval": {"batch_size": 8, "max_sequences": 0},
+    "eval": {
+        "batch_size": 8,
+        "max_sequences": 0,  # 0 = the whole validation split
+        "context_window": 16,  # W: tokens visible in the restricted condition of context use
+        "context_sequences": 8,  # validation sequences used for context use (it costs ~W/2 forwards each)
+        "gate_gap": 0.8,  # quality gate: share of the untrained->teacher CE gap recovered
+        "gate_context": 0.8,  # context gate: student context use >= this x teacher's (and > 0)
+    },
 }
 
 # Keys that change where results land but not what is computed are never hashed.
@@ -230,7 +237,16 @@ def _validate_static(cfg: dict[str, Any]) -> None:
     if extra:
         raise ConfigError(f"blocks.{extra[0]}: there are only {b['num_blocks']} blocks (0..{int(b['num_blocks']) - 1})")
     _positive_int("eval.batch_size", cfg["eval"]["batch_size"])
-    _positive_int("eval.max_sequences", cfg["eval"]["max_sequences"], zero_ok=True)
+    e = cfg["eval"]
+    _positive_int("eval.max_sequences", e["max_sequences"], zero_ok=True)
+    _positive_int("eval.context_sequences", e["context_sequences"], zero_ok=True)
+    _positive_int("eval.context_window", e["context_window"])
+    if int(e["context_window"]) > int(c["seq_len"]) // 2:
+        raise ConfigError(f"eval.context_window={e['context_window']} must be at most half of corpus.seq_len "
+                          f"({int(c['seq_len']) // 2}): context use compares the second half of each sequence")
+    for k in ("gate_gap", "gate_context"):
+        if not isinstance(e[k], (int, float)) or isinstance(e[k], bool):
+            raise ConfigError(f"eval.{k} must be a number, got {e[k]!r}")
 
 
 def validate_train(t: Mapping[str, Any], where: str) -> None:

@@ -31,6 +31,105 @@ def cross_entropy(model: torch.nn.Module, tokens: np.ndarray, batch_size: int = 
     return total / count
 
 
+@torch.no_grad()
+def context_use(model: torch.nn.Module, tokens: np.ndarray, window: int = 16, batch_size: int = 64) -> dict[str, float]:
+    """How much a causal LM uses context beyond its last ``window`` tokens.
+
+    For every prediction in the second half of each sequence (targets at positions
+    ``seq_len//2 .. seq_len-1``) compare the cross-entropy with full context against the
+    cross-entropy when the model sees only the last ``window`` tokens (a separate forward pass
+    over just those tokens, which start at position 0).
+
+    Args:
+        model: HF causal LM. tokens: ``[n, seq_len]`` integer ids. window: W, tokens of context
+            in the restricted condition (``1 <= W <= seq_len // 2``).
+
+    Returns:
+        ``{"full": CE_full, "window": CE_W, "context_use": CE_W - CE_full}`` in nats/token.
+        Positive context use means the model uses its context; a model blind to context scores 0.
+
+    Raises:
+        ValueError: ``window`` out of range. Source: ZeroGraph (arXiv:2611.02200), context-use gate.
+    """
+    n, seq_len = tokens.shape
+    if not 1 <= window <= seq_len // 2:
+        raise ValueError(f"context window W={window} must be in [1, seq_len // 2 = {seq_len // 2}]")
+    device = next(model.parameters()).device
+    model.eval()
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=device)
+    first = seq_len // 2  # first target position
+    full_sum = win_sum = 0.0
+    count = 0
+    for i in range(n):
+        row = ids[i: i + 1]
+        logits = model(input_ids=row, use_cache=False).logits[0, first - 1: seq_len - 1].float()
+        full_sum += F.cross_entropy(logits, row[0, first:], reduction="sum").item()
+        # windows ending at each context position t = first-1 .. seq_len-2, each W tokens long
+        starts = torch.arange(first - window, seq_len - 1 - window + 1, device=device)
+        win = torch.stack([row[0, s: s + window] for s in starts.tolist()])
+        for lo in range(0, len(win), batch_size):
+            chunk = win[lo: lo + batch_size]
+            wl = model(input_ids=chunk, use_cache=False).logits[:, -1].float()
+            tgt = row[0, first + lo: first + lo + len(chunk)]
+            win_sum += F.cross_entropy(wl, tgt, reduction="sum").item()
+        count += seq_len - first
+    full, windowed = full_sum / count, win_sum / count
+    return {"full": full, "window": windowed, "context_use": windowed - full}
+
+
+def gates(report: dict[str, Any], gap_threshold: float = 0.8, context_threshold: float = 0.8) -> dict[str, Any]:
+    """Pass/fail quality gates, each with its threshold and measured value.
+
+    * ``quality``: the assembled student recovers at least ``gap_threshold`` of the held-out CE
+      gap between the untrained student and the teacher.
+    * ``context``: the student's context use is positive and at least ``context_threshold`` times
+      the teacher's.
+
+    ``report`` needs ``gap_recovered`` and ``context_use`` (``{"teacher": {"context_use": ..}, "student": ..}``).
+    Source: ZeroGraph (arXiv:2611.02200), quality and context-use gates.
+    """
+    g = report["gap_recovered"]
+    out = {"quality": {"value": g, "threshold": gap_threshold, "passed": bool(g >= gap_threshold)}}
+    cu = report.get("context_use")
+    if cu:
+        s, t = cu["student"]["context_use"], cu["teacher"]["context_use"]
+        ratio = s / t if t else float("nan")
+        out["context"] = {"value": ratio, "student": s, "teacher": t, "threshold": context_threshold,
+                          "passed": bool(s > 0 and t > 0 and s >= context_threshold * t)}
+    return out
+
+
+def cache_economics(build_seconds: float, build_bytes: int, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Cache economics: what materialising the teacher's boundaries cost and when it pays off.
+
+    Args:
+        build_seconds: wall time of the cache build (s). build_bytes: its size on disk (bytes).
+        jobs: one dict per TrainBlock with ``cached_seconds`` (wall time of the job with cached
+            targets) and ``online_seconds`` (the same job with online targets), both in s.
+
+    Returns:
+        ``per_job`` (the jobs with their saving), ``experiment_cached_seconds`` /
+        ``experiment_online_seconds`` (all jobs once; cached includes the build),
+        ``break_even_reuses``: the smallest number N of full experiments (each running every job
+        once) for which ``build + N * sum(cached) < N * sum(online)`` — None if online is never
+        slower — and ``break_even_jobs``, the same count in single average jobs.
+
+    Source: ZeroGraph (arXiv:2611.02200) reports a 618.31 s build with no break-even through 16 reuses.
+    """
+    cached = sum(j["cached_seconds"] for j in jobs)
+    online = sum(j["online_seconds"] for j in jobs)
+    saving = online - cached
+    out = {"build_seconds": build_seconds, "build_bytes": build_bytes,
+           "per_job": [{**j, "saving_seconds": j["online_seconds"] - j["cached_seconds"]} for j in jobs],
+           "experiment_cached_seconds": build_seconds + cached, "experiment_online_seconds": online,
+           "break_even_reuses": None, "break_even_jobs": None}
+    if saving > 0:
+        out["break_even_reuses"] = math.floor(build_seconds / saving) + 1
+        per_job = saving / len(jobs)
+        out["break_even_jobs"] = math.floor(build_seconds / per_job) + 1
+    return out
+
+
 def perplexity(ce_nats: float) -> float:
     """``exp(cross-entropy)``; cross-entropy in nats/token."""
     return math.exp(ce_nats)
@@ -54,7 +153,39 @@ def report_markdown(report: dict[str, Any]) -> str:
     for key, label in (("teacher", "teacher"), ("untrained", "untrained student"), ("student", "assembled student")):
         lines.append(f"| {label} | {report['layers'][key]} | {ce[key]:.4f} | {perplexity(ce[key]):.2f} |")
     lines += ["", f"Gap recovered by training: **{100 * report['gap_recovered']:.1f}%** "
-              "of the held-out CE gap between the untrained student and the teacher.", "",
+              "of the held-out CE gap between the untrained student and the teacher.", ""]
+    cu = report.get("context_use")
+    if cu:
+        lines += [f"## Context use (W = {report['context_window']} tokens, {report['context_sequences']} sequences)", "",
+                  "CE on the second half of each sequence with only the last W tokens visible, minus the same with full "
+                  "context (nats/token; positive = the model uses its context).", "",
+                  "| model | CE full context | CE last W tokens | context use |", "|---|---|---|---|"]
+        for key, label in (("teacher", "teacher"), ("untrained", "untrained student"), ("student", "assembled student")):
+            c = cu[key]
+            lines.append(f"| {label} | {c['full']:.4f} | {c['window']:.4f} | {c['context_use']:+.4f} |")
+        lines.append("")
+    econ = report.get("economics")
+    if econ:
+        be = econ["break_even_reuses"]
+        lines += ["## Cache economics", "",
+                  f"Cache build: {econ['build_seconds']:.1f} s, {econ['build_bytes'] / 2**20:.1f} MiB "
+                  f"({econ['build_seconds_per_sequence'] * 1000:.0f} ms/sequence through all {report['layers']['teacher']} teacher layers).", "",
+                  "| block | cached job (s) | of which data (s) | compute (s) | online job (s) | online teacher (s) | saving (s) |",
+                  "|---|---|---|---|---|---|---|"]
+        for j in econ["per_job"]:
+            lines.append(f"| {j['block']} | {j['cached_seconds']:.1f} | {j['data_seconds']:.1f} | {j['compute_seconds']:.1f} | "
+                         f"{j['online_seconds']:.1f} | {j['online_teacher_seconds']:.1f} | {j['saving_seconds']:.1f} |")
+        lines += ["", f"One experiment: cached {econ['experiment_cached_seconds']:.1f} s (build included) vs online "
+                  f"{econ['experiment_online_seconds']:.1f} s. Break-even: "
+                  + (f"**{be} experiment(s)** ({econ['break_even_jobs']} average block jobs)" if be else "never (online is not slower)")
+                  + f". {econ['method']}", ""]
+    if report.get("gates"):
+        lines += ["## Gates", "", "| gate | value | threshold | result |", "|---|---|---|---|"]
+        for name, g in report["gates"].items():
+            desc = ("share of CE gap recovered" if name == "quality" else "student / teacher context use")
+            lines.append(f"| {name} ({desc}) | {g['value']:.3f} | {g['threshold']} | {'PASS' if g['passed'] else 'FAIL'} |")
+        lines.append("")
+    lines += [
               "## Blocks", "", "| block | teacher layers | student layers (from teacher) | objective | steps | first loss | final loss | seconds |",
               "|---|---|---|---|---|---|---|---|"]
     for b in report["blocks"]:
