@@ -12,7 +12,7 @@ from typing import Any
 
 import luigi
 
-from zgcore import boundary_store, corpus, metrics, teacher as zteacher, train as ztrain
+from zgcore import boundary_store, corpus, metrics, plots, teacher as zteacher, train as ztrain
 from zgcore.adapters import assemble, build_block
 from zgcore.atomic import write_json, write_text
 from zgcore.config import block_train_config, kept_layers, resolve_boundaries
@@ -350,9 +350,14 @@ class Evaluate(_StudentTask):
                   "context_use": cu, "context_window": int(self.eval["context_window"]), "context_sequences": n_ctx}
         report["gates"] = metrics.gates(report, float(self.eval["gate_gap"]), float(self.eval["gate_context"]))
         report["economics"] = self.economics(teacher, val, blocks)
+        n_shift = min(int(self.eval["context_sequences"]) or 4, len(val))
+        report["shift"] = metrics.boundary_shift(teacher, load_blocks(teacher, block_tasks, "block"),
+                                                 report["boundaries"], val[:n_shift])
         with self.building() as tmp:
             write_json(tmp / "report.json", report)
             write_text(tmp / "report.md", metrics.report_markdown(report))
+            plots.loss_curves([(f"block {t.block}", t.out_dir / "loss_log.csv") for t in block_tasks], tmp / "loss_curves.png")
+            plots.drift(report["shift"], tmp / "drift.png")
         print(f"\nReport: {self.out_dir / 'report.md'}\n"
               f"held-out CE (nats/token): teacher {ce['teacher']:.4f} | untrained student {ce['untrained']:.4f} | "
               f"assembled student {ce['student']:.4f} | gap recovered {100 * report['gap_recovered']:.1f}%", flush=True)

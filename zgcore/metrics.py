@@ -130,6 +130,53 @@ def cache_economics(build_seconds: float, build_bytes: int, jobs: list[dict[str,
     return out
 
 
+@torch.no_grad()
+def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int], tokens: np.ndarray,
+                   scales: tuple[float, ...] = (0.05, 0.2, 0.5), seed: int = 0) -> dict[str, Any]:
+    """How each trained block behaves off the teacher's trajectory, and how far the assembled
+    student's residual stream drifts from the teacher's.
+
+    Errors are the channel-normalised MSE of :func:`zgcore.objectives.regression_loss` against the
+    teacher's boundary i+1, with the teacher's per-channel RMS measured on ``tokens``.
+
+    Args:
+        teacher: frozen causal LM. blocks: the K trained student blocks in order.
+        boundaries: b0 .. bK. tokens: held-out ids ``[n, seq_len]``.
+        scales: noise levels (multiples of each channel's RMS) added to teacher inputs.
+
+    Returns:
+        ``{"blocks": [{"block", "teacher_input", "student_input", "noisy_input": {scale: err}}],
+        "drift": [{"boundary", "relative_error"}]}``; relative error is the channel-normalised
+        MSE of the student chain's residual stream vs the teacher's at each boundary (0 at b0).
+
+    Source: ZeroGraph (arXiv:2611.02200), boundary-shift tests.
+    """
+    from .adapters import capture_boundaries
+    from .objectives import regression_loss
+
+    device = next(teacher.parameters()).device
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=device)
+    bd = capture_boundaries(teacher, ids, boundaries)
+    scale = {b: torch.stack([h[:, 0].pow(2).mean(0).sqrt(), h[:, 1:].pow(2).mean((0, 1)).sqrt()]) for b, h in bd.items()}
+    gen = torch.Generator().manual_seed(seed)
+    rows, drift = [], [{"boundary": boundaries[0], "relative_error": 0.0}]
+    chain = bd[boundaries[0]]
+    for i, block in enumerate(blocks):
+        block.eval()
+        b_in, b_out = boundaries[i], boundaries[i + 1]
+        err = lambda h: float(regression_loss(block(h), bd[b_out], "channel", scale[b_out]))
+        noisy = {}
+        for s in scales:
+            eps = torch.randn(bd[b_in].shape, generator=gen).to(device)
+            from .objectives import per_position
+
+            noisy[str(s)] = err(bd[b_in] + s * eps * per_position(scale[b_in], bd[b_in].shape[1]).to(device))
+        rows.append({"block": i, "teacher_input": err(bd[b_in]), "student_input": err(chain), "noisy_input": noisy})
+        chain = block(chain)
+        drift.append({"boundary": b_out, "relative_error": float(regression_loss(chain, bd[b_out], "channel", scale[b_out]))})
+    return {"blocks": rows, "drift": drift, "scales": list(scales)}
+
+
 def perplexity(ce_nats: float) -> float:
     """``exp(cross-entropy)``; cross-entropy in nats/token."""
     return math.exp(ce_nats)
@@ -179,6 +226,19 @@ def report_markdown(report: dict[str, Any]) -> str:
                   f"{econ['experiment_online_seconds']:.1f} s. Break-even: "
                   + (f"**{be} experiment(s)** ({econ['break_even_jobs']} average block jobs)" if be else "never (online is not slower)")
                   + f". {econ['method']}", ""]
+    shift = report.get("shift")
+    if shift:
+        lines += ["## Boundary shift", "",
+                  "Each block's output error (channel-normalised MSE vs the teacher's next boundary) on the teacher's "
+                  "inputs, on the inputs the assembled student actually feeds it, and on noisy teacher inputs.", "",
+                  "| block | teacher input | student-chain input | " + " | ".join(f"noise {s}" for s in shift["scales"]) + " |",
+                  "|---|---|---|" + "---|" * len(shift["scales"])]
+        for r in shift["blocks"]:
+            lines.append(f"| {r['block']} | {r['teacher_input']:.4f} | {r['student_input']:.4f} | "
+                         + " | ".join(f"{r['noisy_input'][str(s)]:.4f}" for s in shift["scales"]) + " |")
+        lines += ["", "Drift of the assembled student's residual stream from the teacher's: "
+                  + ", ".join(f"b{d['boundary']}: {d['relative_error']:.4f}" for d in shift["drift"]), "",
+                  "![drift](drift.png) ![loss curves](loss_curves.png)", ""]
     if report.get("gates"):
         lines += ["## Gates", "", "| gate | value | threshold | result |", "|---|---|---|---|"]
         for name, g in report["gates"].items():
