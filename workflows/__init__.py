@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import luigi
 
-from .experiment import build_experiment, load_config
+from .experiment import build_experiment, build_study, load_config
 
 
 class RunExperiment(luigi.WrapperTask):
@@ -31,4 +31,18 @@ class RunExperiment(luigi.WrapperTask):
         return build_experiment(self.cfg, self.outputs)
 
 
-__all__ = ["RunExperiment", "build_experiment", "load_config"]
+class ObjectiveStudy(RunExperiment):
+    """The composition study: {clean, noisy, denoise} x {cached, online} on one teacher, corpus,
+    seeds and teacher cache, with one comparison report (``ObjectiveStudyReport``).
+
+    Same parameters as :class:`RunExperiment`; the default preset is ``study``.
+    Source: ZeroGraph (arXiv:2611.02200), six-arm study.
+    """
+
+    preset = luigi.Parameter(default="study", description="preset in workflows/presets")
+
+    def requires(self):
+        return build_study(self.cfg, self.outputs)
+
+
+__all__ = ["RunExperiment", "ObjectiveStudy", "build_experiment", "build_study", "load_config"]

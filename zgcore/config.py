@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "name": "default",
     "teacher": "smollm2-135m",
     "device": "cpu",
+    "seeds": None,  # e.g. [0, 1, 2]: one set of blocks and one student per seed (train.seed replaced), one cache
     "corpus": {
         # "pydoc" = the English reference text shipped in the standard library (pydoc_data.topics);
         # or a list of text files / globs / a .jsonl file with a `text` field.
@@ -198,6 +199,11 @@ def resolve(file: str | os.PathLike | None = None, overrides: str | Mapping | No
         _check_keys(section, cfg[section], DEFAULTS[section])
     for idx, over in cfg["blocks"].items():
         _check_keys(f"blocks.{idx}", over, DEFAULTS["train"])
+    if cfg["seeds"] is not None:
+        if not isinstance(cfg["seeds"], (list, tuple)) or not cfg["seeds"] or len(set(cfg["seeds"])) != len(cfg["seeds"]):
+            raise ConfigError(f"seeds must be a non-empty list of distinct integers, got {cfg['seeds']!r}")
+        for s in cfg["seeds"]:
+            _positive_int("seeds[]", s, zero_ok=True)
     _validate_static(cfg)
     return cfg
 

@@ -1,0 +1,79 @@
+"""Aggregate tasks: several seeds of one experiment, and the objective study's comparison report."""
+from __future__ import annotations
+
+import json
+
+import luigi
+
+from zgcore import plots, study
+from zgcore.atomic import write_json, write_text
+
+from .base import ZGTask
+from .pipeline import Evaluate, TrainBlock
+
+
+class _ManyEvaluations(ZGTask):
+    teacher = luigi.Parameter()
+    corpus = luigi.DictParameter()
+    boundary = luigi.DictParameter()
+    eval = luigi.DictParameter()
+    name = luigi.Parameter(default="experiment", significant=False)
+
+    def evaluate(self, blocks) -> Evaluate:
+        """The Evaluate task of one set of per-block train settings."""
+        return Evaluate(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=blocks, eval=self.eval,
+                        name=self.name, outputs=self.outputs, device=self.device)
+
+    def own_config(self):
+        return {}
+
+
+class SeedSummary(_ManyEvaluations):
+    """Mean ± std over seeds of one experiment (each seed its own blocks and student; one cache)."""
+
+    seeds = luigi.ListParameter()
+    blocks_per_seed = luigi.ListParameter(description="per seed: each block's resolved train settings")
+
+    def requires(self):
+        return [self.evaluate(b) for b in self.blocks_per_seed]
+
+    def label(self):
+        return "seeds-" + "-".join(str(s) for s in self.seeds)
+
+    def run(self):
+        reports = [json.loads((e.out_dir / "report.json").read_text()) for e in self.requires()]
+        summary = study.seed_summary(reports, list(self.seeds))
+        summary["reports"] = [str(e.out_dir / "report.md") for e in self.requires()]
+        with self.building() as tmp:
+            write_json(tmp / "report.json", summary)
+            write_text(tmp / "report.md", study.seed_markdown(summary, self.name)
+                       + "\nPer-seed reports:\n\n" + "\n".join(f"- {p}" for p in summary["reports"]) + "\n")
+        print(f"\nReport: {self.out_dir / 'report.md'}", flush=True)
+
+
+class ObjectiveStudyReport(_ManyEvaluations):
+    """One comparison report over the study's arms ({clean, noisy, denoise} x {cached, online} x seeds)."""
+
+    arms = luigi.ListParameter(description="[{objective, targets, seed, blocks}]")
+
+    def requires(self):
+        return [self.evaluate(a["blocks"]) for a in self.arms]
+
+    def label(self):
+        return "objective-study"
+
+    def run(self):
+        seeds = {a["seed"] for a in self.arms}
+        arms = []
+        for a, ev in zip(self.arms, self.requires()):
+            blocks = [TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=i, train=t,
+                                 outputs=self.outputs) for i, t in enumerate(a["blocks"])]
+            arms.append({"objective": a["objective"], "targets": a["targets"], "seed": a["seed"], "multi_seed": len(seeds) > 1,
+                         "report": json.loads((ev.out_dir / "report.json").read_text()),
+                         "block_files": [b.out_dir / "block.safetensors" for b in blocks]})
+        result = study.objective_study(arms)
+        with self.building() as tmp:
+            write_json(tmp / "report.json", result)
+            write_text(tmp / "report.md", study.study_markdown(result))
+            plots.arms(result["rows"], tmp / "arms.png", teacher=result["rows"][0]["ce_teacher"])
+        print(f"\nReport: {self.out_dir / 'report.md'}", flush=True)
