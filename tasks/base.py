@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import luigi
+from luigi.parameter import ParameterVisibility
 from luigi.task import flatten
 
 from zgcore.atomic import atomic_path
 from zgcore.hashing import canonical, config_hash
+
+HIDDEN = ParameterVisibility.HIDDEN  # long configs: kept out of the visualiser's task names
 
 
 class ZGTask(luigi.Task):
@@ -24,6 +27,18 @@ class ZGTask(luigi.Task):
 
     outputs = luigi.Parameter(default="outputs", significant=False, description="root folder of all run artifacts")
     device = luigi.Parameter(default="cpu", significant=False, description="torch device for this task's work")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Luigi's own id covers public parameters only; ours covers the whole configuration and
+        # reads well in luigid's visualiser: e.g. TrainBlock_block1-clean-cached-s0_3f2a...
+        self.task_id = f"{self.get_task_family()}_{self.label()}_{self.uid}"
+
+    def to_str_params(self, only_significant=False, only_public=False):
+        """Luigi's string parameters plus ``name`` (the readable label) for the visualiser."""
+        out = super().to_str_params(only_significant, only_public)
+        out["name"] = self.label()
+        return out
 
     def own_config(self) -> dict[str, Any]:
         """The task's significant configuration (what its hash covers besides upstream hashes)."""

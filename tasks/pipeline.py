@@ -18,7 +18,7 @@ from zgcore.atomic import write_json, write_text
 from zgcore.config import block_train_config, kept_layers, resolve_boundaries
 from zgcore.hashing import canonical
 
-from .base import ZGTask
+from .base import HIDDEN, ZGTask
 
 
 def path_stamp(spec: str) -> list | None:
@@ -77,7 +77,7 @@ class _TeacherTask(ZGTask):
 class PrepareCorpus(_TeacherTask):
     """Tokenize the corpus with the teacher's tokenizer into fixed-length train/val sequences (HDF5)."""
 
-    corpus = luigi.DictParameter()
+    corpus = luigi.DictParameter(visibility=HIDDEN)
 
     def requires(self):
         return self.teacher_task()
@@ -112,8 +112,8 @@ class TeacherBoundary(_TeacherTask):
     """Run the frozen teacher once over train and val sequences and store the raw residual stream
     at every boundary (one HDF5 dataset per boundary, chunked by sequence, with a manifest)."""
 
-    corpus = luigi.DictParameter()
-    boundary = luigi.DictParameter()
+    corpus = luigi.DictParameter(visibility=HIDDEN)
+    boundary = luigi.DictParameter(visibility=HIDDEN)
 
     def requires(self):
         return {"teacher": self.teacher_task(),
@@ -149,10 +149,10 @@ class TrainBlock(_TeacherTask):
 
     Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``."""
 
-    corpus = luigi.DictParameter()
-    boundary = luigi.DictParameter()
+    corpus = luigi.DictParameter(visibility=HIDDEN)
+    boundary = luigi.DictParameter(visibility=HIDDEN)
     block = luigi.IntParameter()
-    train = luigi.DictParameter(description="this block's resolved train settings")
+    train = luigi.DictParameter(visibility=HIDDEN, description="this block's resolved train settings")
 
     def requires(self):
         if self.train["targets"] == "online":  # no cache: the teacher runs inside training
@@ -224,9 +224,9 @@ def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
 
 
 class _StudentTask(_TeacherTask):
-    corpus = luigi.DictParameter()
-    boundary = luigi.DictParameter()
-    blocks = luigi.ListParameter(description="each block's resolved train settings, in block order")
+    corpus = luigi.DictParameter(visibility=HIDDEN)
+    boundary = luigi.DictParameter(visibility=HIDDEN)
+    blocks = luigi.ListParameter(visibility=HIDDEN, description="each block's resolved train settings, in block order")
 
     def block_tasks(self) -> list[TrainBlock]:
         return [TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=i, train=t,
@@ -259,7 +259,7 @@ class Evaluate(_StudentTask):
     """Held-out cross-entropy of the teacher, the untrained student and the assembled student;
     writes ``report.json`` and ``report.md``."""
 
-    eval = luigi.DictParameter()
+    eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
 
     def requires(self):

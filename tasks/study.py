@@ -8,15 +8,15 @@ import luigi
 from zgcore import plots, study
 from zgcore.atomic import write_json, write_text
 
-from .base import ZGTask
+from .base import HIDDEN, ZGTask
 from .pipeline import Evaluate, TrainBlock
 
 
 class _ManyEvaluations(ZGTask):
     teacher = luigi.Parameter()
-    corpus = luigi.DictParameter()
-    boundary = luigi.DictParameter()
-    eval = luigi.DictParameter()
+    corpus = luigi.DictParameter(visibility=HIDDEN)
+    boundary = luigi.DictParameter(visibility=HIDDEN)
+    eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
 
     def evaluate(self, blocks) -> Evaluate:
@@ -32,7 +32,7 @@ class SeedSummary(_ManyEvaluations):
     """Mean ± std over seeds of one experiment (each seed its own blocks and student; one cache)."""
 
     seeds = luigi.ListParameter()
-    blocks_per_seed = luigi.ListParameter(description="per seed: each block's resolved train settings")
+    blocks_per_seed = luigi.ListParameter(visibility=HIDDEN, description="per seed: each block's resolved train settings")
 
     def requires(self):
         return [self.evaluate(b) for b in self.blocks_per_seed]
@@ -54,7 +54,7 @@ class SeedSummary(_ManyEvaluations):
 class ObjectiveStudyReport(_ManyEvaluations):
     """One comparison report over the study's arms ({clean, noisy, denoise} x {cached, online} x seeds)."""
 
-    arms = luigi.ListParameter(description="[{objective, targets, seed, blocks}]")
+    arms = luigi.ListParameter(visibility=HIDDEN, description="[{objective, targets, seed, blocks}]")
 
     def requires(self):
         return [self.evaluate(a["blocks"]) for a in self.arms]
