@@ -37,6 +37,7 @@ def test_file_and_overrides_merge(tmp_path):
     ("teacher=tiny-llama corpus.seq_len=32 eval.context_window=17", "at most half of corpus.seq_len"),
     ("teacher=tiny-llama corpus.seq_len=32 train.noise=-0.5", "noise must be a number >= 0"),
     ("teacher=tiny-llama corpus.seq_len=32 train.targets=remote", "targets must be one of"),
+    ("teacher=tiny-llama corpus.seq_len=32 device=gpu0", "device must be a torch device"),
     ("teacher=tiny-llama corpus.seq_len=32 corpus.source=/nonexistent/*.txt", "matches no file"),
 ])
 def test_bad_input_fails_with_a_clear_message(over, needle):

@@ -178,13 +178,13 @@ def capture_boundaries(teacher: nn.Module, input_ids: torch.Tensor, boundaries: 
         pass
 
     def pre_hook(_m, args, kwargs):
-        out[0] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+        out[0] = (args[0] if args else kwargs["hidden_states"]).detach().float().clone()
         if last == 0:
             raise _Stop
 
     def make_hook(b):
         def hook(_m, _args, output):
-            out[b] = (output[0] if isinstance(output, tuple) else output).detach().clone()
+            out[b] = (output[0] if isinstance(output, tuple) else output).detach().float().clone()
             if b == last:
                 raise _Stop
         return hook
@@ -194,8 +194,11 @@ def capture_boundaries(teacher: nn.Module, input_ids: torch.Tensor, boundaries: 
     for b in boundaries:
         if b > 0:
             hooks.append(layers[b - 1].register_forward_hook(make_hook(b)))
+    from .device import autocast
+
     try:
-        ad.base_model(teacher)(input_ids=input_ids, use_cache=False)
+        with autocast(input_ids.device):
+            ad.base_model(teacher)(input_ids=input_ids, use_cache=False)
     except _Stop:
         pass
     finally:

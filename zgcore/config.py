@@ -214,6 +214,12 @@ def _positive_int(where: str, v: Any, zero_ok: bool = False) -> None:
 
 
 def _validate_static(cfg: dict[str, Any]) -> None:
+    import torch
+
+    try:
+        torch.device(cfg["device"])
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device must be a torch device such as 'cpu', 'cuda' or 'cuda:1', got {cfg['device']!r}") from None
     c = cfg["corpus"]
     _positive_int("corpus.seq_len", c["seq_len"])
     if c["seq_len"] < 2:

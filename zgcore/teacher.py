@@ -245,7 +245,9 @@ def load(record: dict[str, Any], device: str = "cpu"):
     kw = {"gguf_file": record["gguf_file"]} if record.get("gguf_file") else {}
     tok = AutoTokenizer.from_pretrained(record["path"], **kw)
     model = AutoModelForCausalLM.from_pretrained(record["path"], dtype=torch.float32, attn_implementation="sdpa", **kw)
-    model.eval().requires_grad_(False).to(device)
+    from .device import resolve
+
+    model.eval().requires_grad_(False).to(resolve(device))
     if getattr(model.config, "quantization_config", None) is not None:
         # weights are de-quantised floats now; drop the GGUF marker so saved configs reload plainly
         del model.config.quantization_config

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from .atomic import atomic_path
 from .boundary_store import BoundaryReader
+from .device import autocast
 from .objectives import OBJECTIVES, ObjectiveContext, regression_loss
 
 CKPT = "checkpoint.pt"
@@ -111,7 +112,9 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
             t2 = time.perf_counter()
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps, float(t["lr"]), int(t["warmup_steps"]))
-            loss = regression_loss(block(inp), target, t["loss_norm"], target_scale)
+            with autocast(device):
+                pred = block(inp)
+            loss = regression_loss(pred.float(), target, t["loss_norm"], target_scale)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if float(t["grad_clip"]) > 0:

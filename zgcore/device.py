@@ -1,0 +1,27 @@
+"""Device helpers: resolve a device string lazily (CUDA is touched only inside a task's run),
+and bf16 autocast on GPU."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def resolve(device: str) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:1"``... → ``torch.device``.
+
+    Raises:
+        RuntimeError: a CUDA device was asked for and none is available.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r} was asked for but torch sees no CUDA device; use device=cpu")
+    return dev
+
+
+def autocast(device: torch.device | str):
+    """bf16 autocast on CUDA; a no-op context on CPU (CPU runs stay float32 and bit-reproducible)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
