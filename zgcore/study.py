@@ -6,6 +6,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
+def _num(x) -> float:
+    """A report number read back from JSON: ``None`` (a NaN when written) becomes NaN."""
+    return float("nan") if x is None else float(x)
+
+
 def mean_std(xs: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0.0 for a single value)."""
     xs = list(xs)
@@ -22,7 +27,7 @@ def seed_summary(reports: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dic
     for s, r in zip(seeds, reports):
         cu = r.get("context_use") or {}
         rows.append({"seed": s, "ce_teacher": r["cross_entropy"]["teacher"], "ce_untrained": r["cross_entropy"]["untrained"],
-                     "ce_student": r["cross_entropy"]["student"], "gap_recovered": r["gap_recovered"],
+                     "ce_student": r["cross_entropy"]["student"], "gap_recovered": _num(r["gap_recovered"]),
                      "context_use_student": cu.get("student", {}).get("context_use"),
                      "gates": {k: v["passed"] for k, v in r.get("gates", {}).items()}})
     agg = {}
@@ -75,7 +80,7 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
                      "local_final": [b["final_loss"] for b in blocks],
                      "local_reduction": [1 - b["final_loss"] / b["first_loss"] for b in blocks],
                      "ce_student": r["cross_entropy"]["student"], "ce_teacher": r["cross_entropy"]["teacher"],
-                     "ce_untrained": r["cross_entropy"]["untrained"], "gap_recovered": r["gap_recovered"],
+                     "ce_untrained": r["cross_entropy"]["untrained"], "gap_recovered": _num(r["gap_recovered"]),
                      "context_use": cu, "gates": {k: v["passed"] for k, v in r.get("gates", {}).items()},
                      "seconds": sum(b["seconds"] for b in blocks)})
     by_key: dict[tuple, dict[str, list]] = {}
