@@ -174,3 +174,38 @@ def test_save_load_and_evaluate_per_boundary(tmp_path):
     assert zl.evaluate_local(lm2, val, 4)["boundary_ce"] == pytest.approx(ev["boundary_ce"])
     from zgcore.metrics import cross_entropy
     assert cross_entropy(lm2.model, val, 4) == pytest.approx(ev["final_ce"], rel=1e-5)
+
+
+def test_study_graph_runs_on_tiny_preset_and_reports(tmp_path, run_graph):
+    from workflows import LocalLearningStudy
+    from workflows.local import build_local_study, load_local_config
+
+    out = str(tmp_path)
+    over = "study.mtp=[off,all] study.aux=[mlp] train.token_budget=512"
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=out))
+    assert ok
+    fams = [f for f, _ in ran]
+    assert fams.count("PretrainLocal") == 5 and fams.count("EvaluateLocal") == 5 and "LocalStudyReport" in fams
+    rep_task = build_local_study(load_local_config(overrides=over, preset="local_tiny"), out)
+    rep = json.loads((rep_task.out_dir / "report.json").read_text())
+    assert rep["token_budget"]["tokens"] == 512 and rep["token_budget"]["matched"]
+    assert [(r["K"], r["mtp"]) for r in rep["rows"]] == [(1, "off"), (2, "off"), (2, "all"), (4, "off"), (4, "all")]
+    assert all(len(r["boundary_ce"]) == r["K"] for r in rep["rows"])
+    assert rep["rows"][0]["gap"] == 0 and rep["rows"][0]["memory_ratio"] == pytest.approx(1.0)
+    assert all(r["memory_ratio"] > 1 for r in rep["rows"] if r["K"] > 1)
+    assert (rep_task.out_dir / "gap_vs_k.png").stat().st_size > 1000
+    assert "Token budget: 512 training tokens" in (rep_task.out_dir / "report.md").read_text()
+    # unchanged: nothing reruns
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=out))
+    assert ok and [f for f, _ in ran if f != "LocalLearningStudy"] == []
+
+
+def test_workflow_rejects_bad_config_before_any_task():
+    from workflows import LocalLearningStudy
+
+    with pytest.raises(ConfigError, match="exceeds the model's 4 layers"):
+        LocalLearningStudy(preset="local_tiny", set="study.K=[1,2,8]")
+    with pytest.raises(ConfigError, match="MTP at boundary 3 does not exist"):
+        LocalLearningStudy(preset="local_tiny", set="study.K=[1] local.K=2 local.mtp_boundaries=[3]")
+    with pytest.raises(ConfigError, match="unknown local-learning preset"):
+        LocalLearningStudy(preset="nope")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import luigi
 
 from .experiment import build_experiment, load_config
+from .local import LocalLearningStudy
 
 
 class RunExperiment(luigi.WrapperTask):
@@ -31,4 +32,4 @@ class RunExperiment(luigi.WrapperTask):
         return build_experiment(self.cfg, self.outputs)
 
 
-__all__ = ["RunExperiment", "build_experiment", "load_config"]
+__all__ = ["RunExperiment", "build_experiment", "load_config", "LocalLearningStudy"]
