@@ -63,13 +63,19 @@ class PretrainLocal(_LocalTask):
         self.log(f"{n_params:,} model + {n_aux:,} aux-head parameters, vocab {len(ids)}, blocks {lm.bounds}")
         with self.building() as tmp:
             m = zlocal.train_local(lm, train, {**setup["train"], "log_every": 10}, self.device,
-                                   progress=lambda s, n, inf: self.progress(s, n, f"step {s}/{n} CE " + " ".join(f"{i['ce']:.3f}" for i in inf)),
+                                   progress=self._report_step,
                                    log_path=tmp / "loss_log.csv")
             zlocal.save_local(tmp, lm, ids, setup)
             write_json(tmp / "metrics.json", {**m, "parameters": n_params, "aux_parameters": n_aux, "vocab_size": len(ids),
                                               "bounds": lm.bounds, "device": str(self.device), "torch": torch.__version__})
         self.log(f"{m['steps']} steps, {m['tokens']:,} tokens in {m['seconds']:.0f} s; final CE per block "
                  f"{[round(x, 3) for x in m['final_loss']]}; activation memory ratio {m['memory_ratio']:.2f}x")
+
+
+    def _report_step(self, step: int, total: int, infos: list) -> None:
+        msg = f"step {step}/{total}, train CE per block " + " ".join(f"{i['ce']:.3f}" for i in infos)
+        self.progress(step, total, msg)
+        self.log(msg)
 
 
 class EvaluateLocal(_LocalTask):
