@@ -4,6 +4,7 @@ from __future__ import annotations
 import luigi
 
 from .experiment import build_experiment, build_study, load_config
+from .local import LocalLearningStudy
 
 
 class RunExperiment(luigi.WrapperTask):
@@ -45,4 +46,4 @@ class ObjectiveStudy(RunExperiment):
         return build_study(self.cfg, self.outputs)
 
 
-__all__ = ["RunExperiment", "ObjectiveStudy", "build_experiment", "build_study", "load_config"]
+__all__ = ["RunExperiment", "ObjectiveStudy", "LocalLearningStudy", "build_experiment", "build_study", "load_config"]

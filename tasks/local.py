@@ -1,0 +1,153 @@
+"""Greedy local learning graph (issue 6): PrepareTeacher (tokenizer only) → PrepareCorpus →
+PretrainLocal(config) → EvaluateLocal(config) → LocalStudyReport.
+
+Every PretrainLocal of a study reads the same token store with the same data seed, batch size
+and budget, so all configurations see the same tokens in the same order.
+"""
+from __future__ import annotations
+
+import json
+
+import luigi
+
+from zgcore import corpus, local as zlocal, metrics
+from zgcore.atomic import write_json, write_text
+
+from .base import ZGTask
+from .pipeline import PrepareCorpus
+
+
+def _model_tokens(corpus_task: PrepareCorpus, vocab: str):
+    """``(vocab_ids, train, val)``: the model's vocabulary (tokenizer ids) and both splits in model ids."""
+    path = corpus_task.out_dir / "tokens.h5"
+    train, val = corpus.read_tokens(path, "train"), corpus.read_tokens(path, "val")
+    ids = zlocal.vocab_ids(train, val, vocab, corpus.read_meta(path)["vocab_size"])
+    return ids, zlocal.remap(train, ids), zlocal.remap(val, ids)
+
+
+class _LocalTask(ZGTask):
+    tokenizer = luigi.Parameter(description="teacher spec whose tokenizer is used (no teacher weights are used)")
+    corpus = luigi.DictParameter()
+    setup = luigi.DictParameter(description="one normalised configuration: {model, train, local}")
+
+    def corpus_task(self) -> PrepareCorpus:
+        return PrepareCorpus(teacher=self.tokenizer, corpus=self.corpus, outputs=self.outputs)
+
+    def label(self):
+        loc = self.setup["local"]
+        mtp = "-mtp" + "_".join(map(str, loc["mtp_boundaries"])) if loc["mtp_boundaries"] else ""
+        aux = f"-{loc['aux']}" if int(loc["K"]) > 1 else "-e2e"
+        return f"K{loc['K']}{aux}{mtp}-s{self.setup['train']['seed']}"
+
+
+class PretrainLocal(_LocalTask):
+    """Pretrain one configuration from scratch with K gradient-isolated blocks for the token
+    budget; writes ``model/`` (HF Llama), ``aux_heads.safetensors``, ``vocab_ids.npy``,
+    ``local.json``, ``loss_log.csv`` and ``metrics.json`` (tokens seen and their sha256,
+    measured activation memory in both execution modes, losses, seconds)."""
+
+    def requires(self):
+        return self.corpus_task()
+
+    def own_config(self):
+        return {"setup": self.setup}
+
+    def run(self):
+        import torch
+
+        setup = json.loads(json.dumps(self.setup, default=dict))
+        ids, train, _val = _model_tokens(self.corpus_task(), setup["model"]["vocab"])
+        lm = zlocal.build_local(setup, len(ids), train.shape[1], self.device)
+        n_params = sum(p.numel() for p in lm.model.parameters())
+        n_aux = sum(p.numel() for p in lm.heads.parameters())
+        self.log(f"{n_params:,} model + {n_aux:,} aux-head parameters, vocab {len(ids)}, blocks {lm.bounds}")
+        with self.building() as tmp:
+            m = zlocal.train_local(lm, train, {**setup["train"], "log_every": 10}, self.device,
+                                   progress=self._report_step,
+                                   log_path=tmp / "loss_log.csv")
+            zlocal.save_local(tmp, lm, ids, setup)
+            write_json(tmp / "metrics.json", {**m, "parameters": n_params, "aux_parameters": n_aux, "vocab_size": len(ids),
+                                              "bounds": lm.bounds, "device": str(self.device), "torch": torch.__version__})
+        self.log(f"{m['steps']} steps, {m['tokens']:,} tokens in {m['seconds']:.0f} s; final CE per block "
+                 f"{[round(x, 3) for x in m['final_loss']]}; activation memory ratio {m['memory_ratio']:.2f}x")
+
+
+    def _report_step(self, step: int, total: int, infos: list) -> None:
+        msg = f"step {step}/{total}, train CE per block " + " ".join(f"{i['ce']:.3f}" for i in infos)
+        self.progress(step, total, msg)
+        self.log(msg)
+
+
+class EvaluateLocal(_LocalTask):
+    """Held-out CE (nats/token) of one trained configuration: the model's own output, and every
+    boundary's aux head; writes ``eval.json``."""
+
+    eval = luigi.DictParameter()
+
+    def requires(self):
+        return {"model": PretrainLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=self.setup,
+                                       outputs=self.outputs, device=self.device),
+                "corpus": self.corpus_task()}
+
+    def own_config(self):
+        return {"eval": self.eval}
+
+    def run(self):
+        lm, ids = zlocal.load_local(self.requires()["model"].out_dir, self.device)
+        _, _, val = _model_tokens(self.corpus_task(), self.setup["model"]["vocab"])
+        if int(self.eval["max_sequences"]):
+            val = val[: int(self.eval["max_sequences"])]
+        bsz = int(self.eval["batch_size"])
+        ev = zlocal.evaluate_local(lm, val, bsz)
+        ce = metrics.cross_entropy(lm.model, val, bsz, desc=f"CE {self.label()}")
+        with self.building() as tmp:
+            write_json(tmp / "eval.json", {**ev, "held_out_ce": ce, "val_sequences": int(len(val)),
+                                           "val_tokens": int(len(val) * (val.shape[1] - 1))})
+        self.log(f"held-out CE {ce:.4f} nats/token; per boundary {[round(c, 4) for c in ev['boundary_ce']]}")
+
+
+class LocalStudyReport(ZGTask):
+    """The study report: held-out CE per configuration, gap to end-to-end at the same token
+    budget, per-boundary CE, activation memory in both execution modes; writes ``report.json``,
+    ``report.md`` and ``gap_vs_k.png``."""
+
+    tokenizer = luigi.Parameter()
+    corpus = luigi.DictParameter()
+    cells = luigi.ListParameter(description="study cells: {K, aux, mtp, run}")
+    eval = luigi.DictParameter()
+    name = luigi.Parameter(default="local-study", significant=False)
+
+    def _runs(self) -> list:
+        seen, out = set(), []
+        for c in self.cells:
+            key = json.dumps(c["run"], sort_keys=True, default=dict)
+            if key not in seen:
+                seen.add(key)
+                out.append(c["run"])
+        return out
+
+    def requires(self):
+        return [EvaluateLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=r, eval=self.eval,
+                              outputs=self.outputs, device=self.device) for r in self._runs()]
+
+    def own_config(self):
+        return {"cells": [{k: c[k] for k in ("K", "aux", "mtp")} for c in self.cells]}
+
+    def label(self):
+        return "study"
+
+    def run(self):
+        by_run = {}
+        for t in self.requires():
+            key = json.dumps(t.setup, sort_keys=True, default=dict)
+            pre = t.requires()["model"].out_dir
+            by_run[key] = {"train": json.loads((pre / "metrics.json").read_text()),
+                           "eval": json.loads((t.out_dir / "eval.json").read_text()), "dir": str(pre)}
+        cells = json.loads(json.dumps(list(self.cells), default=lambda o: dict(o) if hasattr(o, "keys") else list(o)))
+        results = [by_run[json.dumps(c["run"], sort_keys=True)] for c in cells]
+        rep = zlocal.study_report(self.name, self.tokenizer, int(self.corpus["seq_len"]), cells, results)
+        with self.building() as tmp:
+            write_json(tmp / "report.json", rep)
+            write_text(tmp / "report.md", zlocal.report_markdown(rep))
+            zlocal.plot_gap_vs_k(rep, tmp / "gap_vs_k.png")
+        print(f"\nReport: {self.out_dir / 'report.md'}\n" + zlocal.report_markdown(rep), flush=True)

@@ -1,0 +1,67 @@
+"""``luigi --module workflows LocalLearningStudy --local-scheduler``: the greedy local learning study (issue 6)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import luigi
+
+from tasks.local import LocalStudyReport
+from zgcore import config as zconfig, local as zlocal
+from zgcore.teacher import describe
+
+PRESETS = Path(__file__).parent / "presets"
+
+
+def load_local_config(config: str = "", overrides: str = "", preset: str = "local_default") -> dict[str, Any]:
+    """Resolve a study: ``LOCAL_DEFAULTS`` < preset (``workflows/presets/<preset>.toml``) < file <
+    overrides, validate every configuration, and check ``corpus.seq_len`` against the tokenizer's
+    context (config only; nothing is downloaded or trained).
+
+    Raises:
+        zgcore.config.ConfigError: what to fix (K above the layer count, an MTP boundary that does not
+            exist, an unknown aux head, an unknown preset or key, ...).
+    """
+    base = {}
+    if preset:
+        p = PRESETS / f"{preset}.toml"
+        if not p.is_file():
+            known = ", ".join(sorted(x.stem for x in PRESETS.glob("local_*.toml")))
+            raise zconfig.ConfigError(f"unknown local-learning preset {preset!r}; known: {known}")
+        base = zconfig.load_file(p)
+    cfg = zlocal.resolve_local(config or None, overrides or None, base=base)
+    info = describe(cfg["tokenizer"])
+    if int(cfg["corpus"]["seq_len"]) > info.max_positions:
+        raise zconfig.ConfigError(f"corpus.seq_len={cfg['corpus']['seq_len']} exceeds the context of {cfg['tokenizer']} "
+                                  f"({info.max_positions} tokens)")
+    return cfg
+
+
+def build_local_study(cfg: dict[str, Any], outputs: str = "outputs") -> LocalStudyReport:
+    """The report task (and through it every configuration's pretraining and evaluation)."""
+    return LocalStudyReport(tokenizer=cfg["tokenizer"], corpus=cfg["corpus"], cells=zlocal.expand_study(cfg),
+                            eval=cfg["eval"], name=cfg["name"], outputs=outputs, device=cfg["device"])
+
+
+class LocalLearningStudy(luigi.WrapperTask):
+    """Greedy local learning vs end-to-end at a matched token budget: K x aux head x MTP, one report.
+
+    Parameters:
+        config: a TOML/YAML file of overrides (optional). set: ``"local.mtp_n=3 study.K=[1,2]"``.
+        preset: ``local_default`` (CPU, ~30 min), ``local_tiny`` (seconds), ``local_gpu_125m``, ``local_gpu_400m``.
+        outputs: root folder of run artifacts.
+
+    Raises ``zgcore.config.ConfigError`` at construction, before any task runs, on bad input.
+    """
+
+    config = luigi.Parameter(default="", description="study file (.toml/.yaml)")
+    set = luigi.Parameter(default="", description='overrides: "study.K=[1,2] local.mtp_n=3"')
+    preset = luigi.Parameter(default="local_default", description="preset in workflows/presets (local_*)")
+    outputs = luigi.Parameter(default="outputs", description="root folder of run artifacts")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cfg = load_local_config(self.config, self.set, self.preset)
+
+    def requires(self):
+        return build_local_study(self.cfg, self.outputs)
