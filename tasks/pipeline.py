@@ -120,7 +120,7 @@ class TeacherBoundary(_TeacherTask):
                 "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
 
     def own_config(self):
-        return {"boundary": self.boundary}
+        return {"boundary": self.boundary, "format_version": boundary_store.FORMAT_VERSION}
 
     def label(self):
         return "boundaries"

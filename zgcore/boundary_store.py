@@ -28,7 +28,7 @@ from tqdm import tqdm
 from .adapters import capture_boundaries
 from .atomic import atomic_path
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: statistics over the first STATS_SEQUENCES sequences
 # Per-channel statistics come from the first STATS_SEQUENCES training sequences, so that online
 # targets (which never see the whole cache) compute exactly the same numbers.
 STATS_SEQUENCES = 64
