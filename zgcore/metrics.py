@@ -174,7 +174,10 @@ def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int]
         rows.append({"block": i, "teacher_input": err(bd[b_in]), "student_input": err(chain), "noisy_input": noisy})
         chain = block(chain)
         drift.append({"boundary": b_out, "relative_error": float(regression_loss(chain, bd[b_out], "channel", scale[b_out]))})
-    return {"blocks": rows, "drift": drift, "scales": list(scales)}
+    massive = [{"boundary": b, "sink_norm_ratio": float(scale[b][0].norm() / scale[b][1].norm()),
+                "top_channel_ratio": float(scale[b][1].max() / scale[b][1].median()),
+                "top_channels": scale[b][1].topk(3).indices.tolist()} for b in boundaries]
+    return {"blocks": rows, "drift": drift, "scales": list(scales), "massive": massive}
 
 
 def perplexity(ce_nats: float) -> float:
@@ -236,6 +239,11 @@ def report_markdown(report: dict[str, Any]) -> str:
         for r in shift["blocks"]:
             lines.append(f"| {r['block']} | {r['teacher_input']:.4f} | {r['student_input']:.4f} | "
                          + " | ".join(f"{r['noisy_input'][str(s)]:.4f}" for s in shift["scales"]) + " |")
+        if shift.get("massive"):
+            lines += ["", "Massive activations in the teacher's residual stream (why the loss is normalised per channel and "
+                      "per position): " + "; ".join(f"b{m['boundary']}: sink/other norm {m['sink_norm_ratio']:.1f}x, "
+                                                     f"top channel {m['top_channel_ratio']:.1f}x median"
+                                                     for m in shift["massive"]) + "."]
         lines += ["", "Drift of the assembled student's residual stream from the teacher's: "
                   + ", ".join(f"b{d['boundary']}: {d['relative_error']:.4f}" for d in shift["drift"]), "",
                   "![drift](drift.png) ![loss curves](loss_curves.png)", ""]
