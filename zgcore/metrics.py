@@ -147,7 +147,10 @@ def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int]
     Returns:
         ``{"blocks": [{"block", "teacher_input", "student_input", "noisy_input": {scale: err}}],
         "drift": [{"boundary", "relative_error"}]}``; relative error is the channel-normalised
-        MSE of the student chain's residual stream vs the teacher's at each boundary (0 at b0).
+        MSE of the student chain's residual stream vs the teacher's at each boundary (0 at b0);
+        ``"massive"`` measures the teacher's massive activations per boundary: the RMS norm of
+        position 0 (the attention sink) over that of the other positions, and the largest channel
+        RMS over the median channel RMS (positions >= 1).
 
     Source: ZeroGraph (arXiv:2611.02200), boundary-shift tests.
     """
