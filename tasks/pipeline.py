@@ -15,7 +15,7 @@ import luigi
 from zgcore import boundary_store, corpus, metrics, plots, teacher as zteacher, train as ztrain
 from zgcore.adapters import assemble, build_block
 from zgcore.atomic import write_json, write_text
-from zgcore.config import block_train_config, kept_layers, resolve_boundaries
+from zgcore.config import corpus_files, kept_layers, resolve_boundaries
 from zgcore.hashing import canonical
 
 from .base import HIDDEN, ZGTask
@@ -84,7 +84,7 @@ class PrepareCorpus(_TeacherTask):
 
     def own_config(self):
         src = self.corpus["source"]
-        stamps = None if src == "pydoc" else [path_stamp(str(f)) for f in _corpus_files(self.corpus)]
+        stamps = None if src == "pydoc" else [path_stamp(str(f)) for f in corpus_files(self.corpus)]
         return {"corpus": self.corpus, "stamps": stamps}
 
     def label(self):
@@ -100,12 +100,6 @@ class PrepareCorpus(_TeacherTask):
             meta = corpus.build_token_store(tmp / "tokens.h5", self.corpus, tok, rec["spec"], rec["max_positions"])
             write_json(tmp / "meta.json", meta)
         self.log(f"{meta['tokens']} tokens -> {meta['n_train']} train + {meta['n_val']} val sequences of {meta['seq_len']}")
-
-
-def _corpus_files(c):
-    from zgcore.config import corpus_files
-
-    return corpus_files(c)
 
 
 class TeacherBoundary(_TeacherTask):

@@ -258,8 +258,7 @@ def _materialise_buffers(student: nn.Module, teacher: nn.Module) -> None:
             mod_name, _, attr = name.rpartition(".")
             mod = student.get_submodule(mod_name)
             src = tbufs.get(name)
-            if src is None:  # per-layer buffers: take layer 0's twin from the teacher
-                ad = adapter_for(teacher)
+            if src is None:  # a per-layer buffer under a renumbered layer: take any layer's twin
                 generic = [n for n in tbufs if n.split(".")[-1] == attr and n.endswith(name.split(".", 3)[-1])]
                 src = tbufs[generic[0]] if generic else None
             if src is None:
