@@ -62,10 +62,30 @@ class ZGTask(luigi.Task):
     def output(self):
         return luigi.LocalTarget(str(self.out_dir))
 
+    def verify(self) -> str | None:
+        """Cheap integrity check of a finished output: ``None`` when sound, else what is wrong.
+        Subclasses check what they wrote (sizes, manifests)."""
+        return None
+
+    def complete(self) -> bool:
+        """Done when the output folder exists and passes :meth:`verify`; a folder that fails is
+        reported and rebuilt (the damaged one is moved aside, never deleted)."""
+        if not self.out_dir.is_dir():
+            return False
+        problem = self.verify()
+        if problem:
+            self.log(f"output {self.out_dir} is damaged ({problem}); it will be rebuilt")
+            return False
+        return True
+
     @contextlib.contextmanager
     def building(self) -> Iterator[Path]:
         """Yield a temporary folder; it becomes :attr:`out_dir` when the block exits cleanly.
         A ``task.json`` recording family, label, hash, config and upstream ids is added."""
+        if self.out_dir.exists():  # failed verify(): keep the damaged folder for inspection
+            import time
+
+            self.out_dir.rename(self.out_dir.with_name(f"{self.out_dir.name}.damaged-{int(time.time())}"))
         with atomic_path(self.out_dir) as tmp:
             tmp.mkdir(parents=True)
             yield tmp

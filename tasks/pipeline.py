@@ -119,6 +119,16 @@ class TeacherBoundary(_TeacherTask):
     def label(self):
         return "boundaries"
 
+    def verify(self):
+        man = self.out_dir / "manifest.json"
+        h5 = self.out_dir / "boundaries.h5"
+        if not man.is_file() or not h5.is_file():
+            return "boundaries.h5 or manifest.json missing"
+        want = json.loads(man.read_text()).get("bytes")
+        if h5.stat().st_size != want:
+            return f"boundaries.h5 has {h5.stat().st_size} bytes, the manifest says {want}"
+        return None
+
     def run(self):
         rec, (model, _tok) = self.load_teacher()
         bs = resolve_boundaries(self.boundary, rec["n_layers"])

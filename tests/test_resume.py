@@ -48,3 +48,33 @@ def test_sigkill_mid_block_resumes_to_identical_bytes(tmp_path):
     assert next(out.glob("TeacherBoundary/*/boundaries.h5")).stat().st_mtime_ns == boundary_mtime  # cache not rebuilt
     assert _blocks(out) == _blocks(ref) and len(_blocks(ref)) == 2  # byte-identical block weights
     assert not list(out.glob("TrainBlock/*.partial"))
+
+
+def test_damaged_checkpoint_and_cache_are_detected_not_used(tmp_path, run_graph):
+    from workflows import RunExperiment
+
+    cfg = tiny_cfg()
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    assert run_graph(RunExperiment(preset="", set=cfg, outputs=str(ref)))[0]
+    # a truncated checkpoint left in a block's work folder
+    assert run_graph(RunExperiment(preset="", set=cfg, outputs=str(out)))[0]
+    block0 = next(out.glob("TrainBlock/block0-*"))
+    partial = block0.with_name(block0.name + ".partial")
+    partial.mkdir()
+    (partial / "checkpoint.pt").write_bytes(b"PK\x03\x04 truncated")
+    import shutil
+
+    shutil.rmtree(block0)
+    shutil.rmtree(next(out.glob("Evaluate/*")))
+    shutil.rmtree(next(out.glob("Assemble/*")))
+    ok, ran = run_graph(RunExperiment(preset="", set=cfg, outputs=str(out)))
+    assert ok and ("TrainBlock", "block0-clean-cached-s0") in ran
+    assert not partial.exists()
+    assert _blocks(out) == _blocks(ref)
+    # a truncated boundary store is rebuilt (the damaged one kept aside) as soon as a block needs it
+    h5 = next(out.glob("TeacherBoundary/*/boundaries.h5"))
+    h5.write_bytes(h5.read_bytes()[:1000])
+    ok, ran = run_graph(RunExperiment(preset="", set=cfg + " blocks.1.lr=0.003", outputs=str(out)))
+    assert ok and ("TeacherBoundary", "boundaries") in ran
+    assert list(out.glob("TeacherBoundary/*.damaged-*"))
+    assert next(out.glob("TeacherBoundary/*/boundaries.h5")).stat().st_size > 1000

@@ -84,8 +84,8 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     log: list[tuple[int, float, float]] = []
     start = 0
     ckpt_path = work / CKPT
-    if ckpt_path.exists():
-        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
+    ck = load_checkpoint(ckpt_path, device) if ckpt_path.exists() else None
+    if ck is not None:
         if ck.get("run_hash") == run_hash:
             block.load_state_dict(ck["block"])
             opt.load_state_dict(ck["optimizer"])
@@ -143,6 +143,22 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     return {"steps": steps, "final_loss": float(np.mean(tail)), "first_loss": log[0][1] if log else None,
             "seconds": time.perf_counter() - t0, "data_seconds": data_s, "compute_seconds": compute_s,
             "resumed_from": resumed_from}
+
+
+def load_checkpoint(path: Path, device) -> dict[str, Any] | None:
+    """Load a checkpoint, or return ``None`` (after moving the file aside to ``*.corrupt`` and
+    saying so) when it cannot be read or lacks a field: a damaged checkpoint is never used."""
+    try:
+        ck = torch.load(path, map_location=device, weights_only=False)
+        missing = {"block", "optimizer", "torch_rng", "step", "log", "run_hash"} - set(ck)
+        if missing:
+            raise KeyError(f"fields missing: {sorted(missing)}")
+        return ck
+    except Exception as e:  # truncated zip, pickle error, wrong type...
+        bad = path.with_name(path.name + ".corrupt")
+        os.replace(path, bad)
+        print(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); moved to {bad}, starting from step 0", flush=True)
+        return None
 
 
 def save_checkpoint(path: Path, block: torch.nn.Module, opt: torch.optim.Optimizer, step: int, log: list, run_hash: str) -> None:
