@@ -10,7 +10,8 @@ from workflows import RunExperiment
 from workflows.experiment import build_experiment, load_config
 
 REAL = ("corpus.seq_len=64 corpus.max_tokens=2560 boundary.boundaries=[0,15,30] "
-        "train.max_steps=3 train.batch_size=4 eval.max_sequences=4")
+        "train.max_steps=12 train.warmup_steps=2 train.batch_size=4 eval.max_sequences=4 "
+        "eval.context_sequences=2")
 
 
 @pytest.mark.slow
@@ -25,5 +26,5 @@ def test_default_teacher_end_to_end(run_graph):
     # a real pretrained teacher predicts English reference text far better than chance (ln 49152 = 10.8)
     assert 1.0 < ce["teacher"] < 4.0
     assert ce["teacher"] < ce["untrained"]
-    assert ce["student"] < ce["untrained"]  # even three steps of clean regression help
+    assert ce["student"] < ce["untrained"]  # a dozen steps of clean regression already help
     assert report["sample"].startswith("The")
