@@ -207,5 +207,5 @@ def test_workflow_rejects_bad_config_before_any_task():
         LocalLearningStudy(preset="local_tiny", set="study.K=[1,2,8]")
     with pytest.raises(ConfigError, match="MTP at boundary 3 does not exist"):
         LocalLearningStudy(preset="local_tiny", set="study.K=[1] local.K=2 local.mtp_boundaries=[3]")
-    with pytest.raises(ConfigError, match="unknown local-learning preset"):
+    with pytest.raises(ConfigError, match="unknown preset"):
         LocalLearningStudy(preset="nope")

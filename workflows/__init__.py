@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import luigi
 
-from .experiment import build_experiment, build_study, load_config
+from .experiment import ConfiguredWorkflow, build_experiment, build_study, load_config
 from .local import LocalLearningStudy
 
 
-class RunExperiment(luigi.WrapperTask):
+class RunExperiment(ConfiguredWorkflow):
     """Run one experiment end to end: teacher → boundaries → blocks → assembled student → report.
 
     Parameters:
@@ -19,14 +19,10 @@ class RunExperiment(luigi.WrapperTask):
     Raises ``zgcore.config.ConfigError`` at construction — before any task runs — on bad input.
     """
 
-    config = luigi.Parameter(default="", description="experiment file (.toml/.yaml)")
-    set = luigi.Parameter(default="", description='overrides: "train.lr=1e-4 blocks.1.lr=5e-5"')
     preset = luigi.Parameter(default="default", description="preset in workflows/presets")
-    outputs = luigi.Parameter(default="outputs", description="root folder of run artifacts")
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.cfg = load_config(self.config, self.set, self.preset)
+    def resolve(self):
+        return load_config(self.config, self.set, self.preset)
 
     def requires(self):
         return build_experiment(self.cfg, self.outputs)

@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import luigi
+
 from tasks import Evaluate, ObjectiveStudyReport, SeedSummary, ZGTask
 from zgcore import config as zconfig
 from zgcore.teacher import describe
@@ -13,6 +15,39 @@ STUDY_OBJECTIVES = ("clean", "noisy", "denoise")
 STUDY_TARGETS = ("cached", "online")
 
 
+def load_preset(preset: str, pattern: str = "*.toml") -> dict[str, Any]:
+    """The mapping of ``workflows/presets/<preset>.toml`` ({} for an empty name).
+
+    Raises:
+        zgcore.config.ConfigError: no such preset (the message lists those matching ``pattern``).
+    """
+    if not preset:
+        return {}
+    p = PRESETS / f"{preset}.toml"
+    if not p.is_file():
+        known = ", ".join(sorted(x.stem for x in PRESETS.glob(pattern)))
+        raise zconfig.ConfigError(f"unknown preset {preset!r}; known: {known}")
+    return zconfig.load_file(p)
+
+
+class ConfiguredWorkflow(luigi.WrapperTask):
+    """Base of the top-level workflows: a preset, an optional file and overrides resolve to
+    ``self.cfg`` at construction — before any task runs — so bad input fails at once with
+    ``zgcore.config.ConfigError``. Subclasses set the ``preset`` default and :meth:`resolve`."""
+
+    config = luigi.Parameter(default="", description="experiment file (.toml/.yaml)")
+    set = luigi.Parameter(default="", description='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"')
+    outputs = luigi.Parameter(default="outputs", description="root folder of run artifacts")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cfg = self.resolve()
+
+    def resolve(self) -> dict[str, Any]:
+        """The resolved, validated configuration of this workflow."""
+        raise NotImplementedError
+
+
 def load_config(config: str = "", overrides: str = "", preset: str = "") -> dict[str, Any]:
     """Resolve an experiment: defaults < preset < file < overrides, and check it against the
     teacher's shape (config only — no weights are loaded).
@@ -20,14 +55,7 @@ def load_config(config: str = "", overrides: str = "", preset: str = "") -> dict
     Raises:
         zgcore.config.ConfigError: anything that would fail later, with what to fix.
     """
-    base = {}
-    if preset:
-        p = PRESETS / f"{preset}.toml"
-        if not p.is_file():
-            known = ", ".join(sorted(x.stem for x in PRESETS.glob("*.toml")))
-            raise zconfig.ConfigError(f"unknown preset {preset!r}; known: {known}")
-        base = zconfig.load_file(p)
-    cfg = zconfig.resolve(config or None, overrides or None, base=base)
+    cfg = zconfig.resolve(config or None, overrides or None, base=load_preset(preset))
     info = describe(cfg["teacher"])
     zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"])
     return cfg

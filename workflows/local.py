@@ -1,7 +1,6 @@
 """``luigi --module workflows LocalLearningStudy --local-scheduler``: the greedy local learning study (issue 6)."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import luigi
@@ -10,7 +9,7 @@ from tasks.local import LocalStudyReport
 from zgcore import config as zconfig, local as zlocal
 from zgcore.teacher import describe
 
-PRESETS = Path(__file__).parent / "presets"
+from .experiment import ConfiguredWorkflow, load_preset
 
 
 def load_local_config(config: str = "", overrides: str = "", preset: str = "local_default") -> dict[str, Any]:
@@ -22,14 +21,7 @@ def load_local_config(config: str = "", overrides: str = "", preset: str = "loca
         zgcore.config.ConfigError: what to fix (K above the layer count, an MTP boundary that does not
             exist, an unknown aux head, an unknown preset or key, ...).
     """
-    base = {}
-    if preset:
-        p = PRESETS / f"{preset}.toml"
-        if not p.is_file():
-            known = ", ".join(sorted(x.stem for x in PRESETS.glob("local_*.toml")))
-            raise zconfig.ConfigError(f"unknown local-learning preset {preset!r}; known: {known}")
-        base = zconfig.load_file(p)
-    cfg = zlocal.resolve_local(config or None, overrides or None, base=base)
+    cfg = zlocal.resolve_local(config or None, overrides or None, base=load_preset(preset, "local_*.toml"))
     info = describe(cfg["tokenizer"])
     if int(cfg["corpus"]["seq_len"]) > info.max_positions:
         raise zconfig.ConfigError(f"corpus.seq_len={cfg['corpus']['seq_len']} exceeds the context of {cfg['tokenizer']} "
@@ -43,7 +35,7 @@ def build_local_study(cfg: dict[str, Any], outputs: str = "outputs") -> LocalStu
                             eval=cfg["eval"], name=cfg["name"], outputs=outputs, device=cfg["device"])
 
 
-class LocalLearningStudy(luigi.WrapperTask):
+class LocalLearningStudy(ConfiguredWorkflow):
     """Greedy local learning vs end-to-end at a matched token budget: K x aux head x MTP, one report.
 
     Parameters:
@@ -54,14 +46,10 @@ class LocalLearningStudy(luigi.WrapperTask):
     Raises ``zgcore.config.ConfigError`` at construction, before any task runs, on bad input.
     """
 
-    config = luigi.Parameter(default="", description="study file (.toml/.yaml)")
-    set = luigi.Parameter(default="", description='overrides: "study.K=[1,2] local.mtp_n=3"')
     preset = luigi.Parameter(default="local_default", description="preset in workflows/presets (local_*)")
-    outputs = luigi.Parameter(default="outputs", description="root folder of run artifacts")
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.cfg = load_local_config(self.config, self.set, self.preset)
+    def resolve(self):
+        return load_local_config(self.config, self.set, self.preset)
 
     def requires(self):
         return build_local_study(self.cfg, self.outputs)
