@@ -27,6 +27,17 @@ class ZGTask(luigi.Task):
 
     outputs = luigi.Parameter(default="outputs", significant=False, description="root folder of all run artifacts")
     device = luigi.Parameter(default="cpu", significant=False, description="torch device for this task's work")
+    uses_device = True  # False on tasks that only tokenise, convert on CPU or aggregate files
+
+    @property
+    def resources(self) -> dict[str, int]:
+        """Luigi resources: ``{"gpu": 1}`` while a task works on a CUDA device, else ``{}``.
+
+        The scheduler (luigid, or the local one) runs at most ``[resources] gpu = N`` such tasks
+        at once across all its workers; with no ``gpu`` entry in its config Luigi allows 1."""
+        if self.uses_device and str(self.device).startswith("cuda"):
+            return {"gpu": 1}
+        return {}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

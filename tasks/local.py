@@ -111,6 +111,8 @@ class LocalStudyReport(ZGTask):
     budget, per-boundary CE, activation memory in both execution modes; writes ``report.json``,
     ``report.md`` and ``gap_vs_k.png``."""
 
+    uses_device = False  # reads the EvaluateLocal results only
+
     tokenizer = luigi.Parameter()
     corpus = luigi.DictParameter()
     cells = luigi.ListParameter(description="study cells: {K, aux, mtp, run}")

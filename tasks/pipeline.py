@@ -35,6 +35,8 @@ class PrepareTeacher(ZGTask):
     """Make the teacher loadable offline: fetch/checksum the built-in GGUF and convert it to a
     Hugging Face folder (so later tasks load in seconds), build tiny teachers, or record a local one."""
 
+    uses_device = False  # de-quantises on CPU
+
     teacher = luigi.Parameter(description="smollm2-135m | tiny-llama | tiny-qwen2 | tiny-gpt2 | HF folder | .gguf | Hub id")
 
     def own_config(self):
@@ -76,6 +78,8 @@ class _TeacherTask(ZGTask):
 
 class PrepareCorpus(_TeacherTask):
     """Tokenize the corpus with the teacher's tokenizer into fixed-length train/val sequences (HDF5)."""
+
+    uses_device = False  # tokenises only
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
 

@@ -13,6 +13,7 @@ from .pipeline import Evaluate, TrainBlock
 
 
 class _ManyEvaluations(ZGTask):
+    uses_device = False  # reads the Evaluate reports only
     teacher = luigi.Parameter()
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)

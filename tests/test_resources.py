@@ -1,0 +1,35 @@
+"""GPU capping: tasks working on a CUDA device claim the Luigi resource ``gpu``; CPU work claims none."""
+import pytest
+
+from tests.conftest import tiny_cfg
+from workflows.cli import walk
+from workflows.experiment import build_experiment, load_config
+
+
+def graph(tmp_path, extra=""):
+    return walk(build_experiment(load_config(overrides=tiny_cfg() + extra, preset=""), str(tmp_path)))
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_tasks_claim_one_gpu(tmp_path, device):
+    tasks = graph(tmp_path, f" device={device}")
+    for t in tasks:
+        want = {"gpu": 1} if t.uses_device and t.device.startswith("cuda") else {}
+        assert t.resources == want, t.task_id
+        assert t.process_resources() == want  # what the worker sends to the scheduler
+    claims = {t.get_task_family(): t.resources for t in tasks}
+    assert claims["TrainBlock"] == claims["Assemble"] == claims["Evaluate"] == {"gpu": 1}
+    assert claims["PrepareTeacher"] == claims["PrepareCorpus"] == {}  # CPU-only steps never hold a GPU slot
+    assert sum(t.resources == {"gpu": 1} for t in tasks if t.get_task_family() == "TrainBlock") == 2
+
+
+def test_cpu_tasks_claim_nothing(tmp_path):
+    assert all(t.resources == {} for t in graph(tmp_path))
+
+
+def test_seed_summary_claims_no_gpu(tmp_path):
+    tasks = graph(tmp_path, " device=cuda seeds=[0,1]")
+    root = tasks[-1]
+    assert root.get_task_family() == "SeedSummary" and root.device == "cuda" and root.resources == {}
+    evals = [t for t in tasks if t.get_task_family() == "Evaluate"]
+    assert len(evals) == 2 and all(t.resources == {"gpu": 1} for t in evals)
