@@ -166,7 +166,8 @@ class TrainBlock(_TeacherTask):
         if self.train["targets"] == "online":  # no cache: the teacher runs inside training
             return {"teacher": self.teacher_task(),
                     "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
-        return TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs)
+        return TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs,
+                               device=self.device)
 
     def own_config(self):
         t = dict(canonical(self.train))
