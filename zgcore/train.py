@@ -125,11 +125,12 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
             compute_s += t3 - t2
             t_prev = time.perf_counter()
             step += 1
-            log.append((step, float(loss), opt.param_groups[0]["lr"]))
+            value = loss.item()
+            log.append((step, value, opt.param_groups[0]["lr"]))
             bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.4f}")
+            bar.set_postfix(loss=f"{value:.4f}")
             if progress:
-                progress(step, steps, float(loss))
+                progress(step, steps, value)
             if step % int(t["checkpoint_every"]) == 0 and step < steps:
                 save_checkpoint(ckpt_path, block, opt, step, log, run_hash)
             if step >= steps:
