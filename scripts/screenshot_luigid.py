@@ -10,19 +10,17 @@ the PNG (atomically) and stops luigid. Needs ``chromium`` (Debian/Ubuntu: ``apt-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from workflows.luigid import api, free_port, start_luigid  # noqa: E402
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
@@ -33,36 +31,6 @@ def find_chromium(explicit: str | None) -> str:
     sys.exit("error: Chromium not found" + (f" at {explicit!r}" if explicit else f" (looked for {', '.join(BROWSERS)})")
              + ".\nInstall it, e.g. on Debian/Ubuntu: sudo apt-get update && sudo apt-get install -y chromium\n"
              "or pass --chromium /path/to/chromium (or set CHROMIUM).")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def api(port: int, method: str, data: dict | None = None):
-    q = "" if data is None else "?data=" + urllib.parse.quote(json.dumps(data))
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/{method}{q}", timeout=10) as r:
-        return json.loads(r.read())["response"]
-
-
-def start_luigid(tmp: Path, port: int) -> subprocess.Popen:
-    exe = shutil.which("luigid") or str(Path(sys.executable).parent / "luigid")
-    (tmp / "luigid-logs").mkdir()
-    log = open(tmp / "luigid.log", "w")
-    proc = subprocess.Popen([exe, "--port", str(port), "--address", "127.0.0.1", "--state-path", str(tmp / "state.pickle"),
-                             "--logdir", str(tmp / "luigid-logs")], stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
-    for _ in range(600):
-        if proc.poll() is not None:
-            sys.exit(f"error: luigid exited with code {proc.returncode}:\n{(tmp / 'luigid.log').read_text()[-2000:]}")
-        try:
-            api(port, "task_list", {"status": "DONE"})
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.terminate()
-    sys.exit("error: luigid did not answer within 30 s")
 
 
 def run_experiment(tmp: Path, port: int, preset: str, overrides: str) -> None:
@@ -122,7 +90,10 @@ def main() -> None:
     port = free_port()
     luigid = None
     try:
-        luigid = start_luigid(tmp, port)
+        try:
+            luigid = start_luigid(tmp, port)
+        except RuntimeError as e:
+            sys.exit(f"error: {e}")
         run_experiment(tmp, port, args.preset, args.set)
         task_id = root_task(port)
         url = (f"http://127.0.0.1:{port}/static/visualiser/index.html#"

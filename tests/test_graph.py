@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import tiny_cfg

@@ -1,13 +1,7 @@
 """Scale-out on Luigi's central scheduler: two worker processes against one luigid."""
-import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,39 +9,17 @@ import pytest
 from tests.conftest import tiny_cfg
 from workflows.cli import walk
 from workflows.experiment import build_experiment, load_config
+from workflows.luigid import api, free_port, start_luigid
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = tiny_cfg(**{"train.max_steps": 150, "boundary.num_blocks": 2})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def api(port: int, method: str, data: dict | None = None):
-    q = "" if data is None else "?data=" + urllib.parse.quote(json.dumps(data))
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/{method}{q}", timeout=10) as r:
-        return json.loads(r.read())["response"]
-
-
 @pytest.fixture
 def luigid(tmp_path):
     port = free_port()
-    (tmp_path / "luigid-logs").mkdir()
-    exe = shutil.which("luigid") or str(Path(sys.executable).parent / "luigid")
-    proc = subprocess.Popen([exe, "--port", str(port), "--address", "127.0.0.1", "--state-path", str(tmp_path / "state.pickle"),
-                             "--logdir", str(tmp_path / "luigid-logs")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_luigid(tmp_path, port)
     try:
-        for _ in range(600):
-            try:
-                api(port, "task_list", {"status": "DONE"})
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError("luigid did not start")
         yield port
     finally:
         proc.terminate()

@@ -1,6 +1,5 @@
 """Seeds and the six-arm objective study on a tiny model."""
 import json
-from pathlib import Path
 
 import pytest
 

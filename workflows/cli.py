@@ -1,9 +1,6 @@
 """``zerograph``: what Luigi's own CLI does not give — each task's state, and an experiment's report."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import typer
 from luigi.task import flatten
 

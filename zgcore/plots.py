@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import matplotlib
