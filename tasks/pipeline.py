@@ -208,7 +208,8 @@ class TrainBlock(_TeacherTask):
 
             ztrain.save_block(tmp / "block.safetensors", block)
             save_file({k: v.contiguous() for k, v in init_sd.items()}, str(tmp / "init.safetensors"))
-            (tmp / "loss_log.csv").write_bytes((self.work_dir / "loss_log.csv").read_bytes())
+            for name in ("loss_log.csv", ztrain.FINAL_STATE):
+                os.replace(self.work_dir / name, tmp / name)
             write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,
                                               "objective": self.train["objective"], "targets": self.train["targets"],
                                               "seed": seed})

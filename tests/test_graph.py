@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import tiny_cfg
@@ -32,9 +33,16 @@ def test_whole_graph_runs_and_student_loads_and_generates(family, tmp_path, run_
     prompt = tok("The", return_tensors="pt").input_ids
     gen = model.generate(prompt, max_new_tokens=5, do_sample=False)
     assert gen.shape == (1, prompt.shape[1] + 5)
-    # block losses went down
+    # block losses went down; each block keeps its optimizer and RNG state
     for b in report["blocks"]:
         assert b["final_loss"] < b["first_loss"]
+    import glob
+
+    states = glob.glob(f"{out}/TrainBlock/*/train_state.pt")
+    assert len(states) == 2
+    for f in states:
+        st = torch.load(f, weights_only=False)
+        assert st["step"] == 6 and st["optimizer"]["state"] and st["torch_rng"].dtype == torch.uint8
     assert "assembled student" in (ev.out_dir / "report.md").read_text()
 
 

@@ -25,6 +25,7 @@ from .device import autocast
 from .objectives import OBJECTIVES, ObjectiveContext, regression_loss
 
 CKPT = "checkpoint.pt"
+FINAL_STATE = "train_state.pt"  # the last step's weights, optimizer and RNG state (same layout as a checkpoint)
 
 
 def block_seed(seed: int, block: int) -> int:
@@ -136,6 +137,7 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
             if step >= steps:
                 break
     bar.close()
+    save_checkpoint(work / FINAL_STATE, block, opt, step, log, run_hash)  # optimizer + RNG state of the end
     tail = [l for _, l, _ in log[-max(1, len(log) // 10):]]
     with atomic_path(work / "loss_log.csv") as tmp, open(tmp, "w", newline="") as f:
         w = csv.writer(f)
