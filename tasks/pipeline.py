@@ -204,10 +204,8 @@ class TrainBlock(_TeacherTask):
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"))
             m["teacher_seconds"] = getattr(source, "teacher_seconds", 0.0)
         with self.building() as tmp:
-            from safetensors.torch import save_file
-
-            ztrain.save_block(tmp / "block.safetensors", block)
-            save_file({k: v.contiguous() for k, v in init_sd.items()}, str(tmp / "init.safetensors"))
+            ztrain.save_weights(tmp / "block.safetensors", block.layer_state_dict())
+            ztrain.save_weights(tmp / "init.safetensors", init_sd)
             for name in ("loss_log.csv", ztrain.FINAL_STATE):
                 os.replace(self.work_dir / name, tmp / name)
             write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,

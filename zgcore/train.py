@@ -171,7 +171,7 @@ def save_checkpoint(path: Path, block: torch.nn.Module, opt: torch.optim.Optimiz
                     "step": step, "log": log, "run_hash": run_hash}, tmp)
 
 
-def save_block(path: Path, block) -> None:
-    """Save a block's layer weights as safetensors, atomically."""
+def save_weights(path: Path, state_dict: dict[str, torch.Tensor]) -> None:
+    """Save layer weights (e.g. ``StudentBlock.layer_state_dict()``) as safetensors, atomically."""
     with atomic_path(path) as tmp:
-        save_file(block.layer_state_dict(), str(tmp))
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp))
