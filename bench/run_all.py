@@ -167,7 +167,7 @@ def report(res: dict, a) -> str:
          N2["fig2"]["memory_step_s"] * N2["fig2"]["steps"])
     trow("TrainBlock cached, all blocks (figure 3)", N["fig3"]["cached_wall_s"], N2["fig3"]["cached_wall_s"])
     trow("TrainBlock online, all blocks (figure 3)", N["fig3"]["online_wall_s"], N2["fig3"]["online_wall_s"])
-    w(f"    the figure ratios 1-3 at 2N / at N are in the 2N/N column above (constant = 1.00)")
+    w("    the figure ratios 1-3 at 2N / at N are in the 2N/N column above (constant = 1.00)")
     w("")
     w("details:")
     for s, r in (("N", N), ("2N", N2)):

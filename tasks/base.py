@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import time
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,6 +17,7 @@ from zgcore.atomic import atomic_path
 from zgcore.hashing import canonical, config_hash
 
 HIDDEN = ParameterVisibility.HIDDEN  # long configs: kept out of the visualiser's task names
+PROGRESS_INTERVAL_S = 2.0  # seconds between two progress reports to the scheduler
 
 
 class ZGTask(luigi.Task):
@@ -106,7 +109,14 @@ class ZGTask(luigi.Task):
             (tmp / "task.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
     def progress(self, done: int, total: int, message: str = "") -> None:
-        """Report progress to the Luigi scheduler (shown in luigid's visualiser)."""
+        """Report progress to the Luigi scheduler (shown in luigid's visualiser): percentage and a
+        status message, at most once per ``PROGRESS_INTERVAL_S`` seconds plus the final call
+        (``done >= total``). Each report is two calls to the scheduler (HTTP with luigid), which
+        would cost as much as a training step on a GPU if made every step."""
+        now = time.monotonic()
+        if done < total and now - getattr(self, "_progress_at", -math.inf) < PROGRESS_INTERVAL_S:
+            return
+        self._progress_at = now
         pct = int(100 * done / max(1, total))
         self.set_progress_percentage(pct)
         self.set_status_message(message or f"{done}/{total} ({pct}%)")

@@ -1,5 +1,8 @@
-"""GPU capping: tasks working on a CUDA device claim the Luigi resource ``gpu``; CPU work claims none."""
+"""What tasks tell the scheduler: GPU capping (tasks working on a CUDA device claim the Luigi
+resource ``gpu``; CPU work claims none), the retry policy, and throttled progress reports."""
 import pytest
+
+import tasks.base
 
 from tests.conftest import tiny_cfg
 from workflows.cli import walk
@@ -34,3 +37,17 @@ def test_seed_summary_claims_no_gpu(tmp_path):
     assert root.get_task_family() == "SeedSummary" and root.device == "cuda" and root.resources == {}
     evals = [t for t in tasks if t.get_task_family() == "Evaluate"]
     assert len(evals) == 2 and all(t.resources == {"gpu": 1} for t in evals)
+
+
+def test_progress_reports_are_throttled(tmp_path, monkeypatch):
+    """Each report is two scheduler calls (HTTP with luigid): at most one per PROGRESS_INTERVAL_S
+    (2 s) plus the final one, not one per training step."""
+    block = next(t for t in graph(tmp_path) if t.get_task_family() == "TrainBlock")
+    sent = []
+    monkeypatch.setattr(block, "set_progress_percentage", sent.append)
+    monkeypatch.setattr(block, "set_status_message", lambda m: sent.append(m))
+    clock = iter([100.0, 100.5, 101.0, 102.5, 103.0, 103.1])
+    monkeypatch.setattr(tasks.base.time, "monotonic", lambda: next(clock))
+    for step in range(1, 7):
+        block.progress(step, 6, f"step {step}/6")
+    assert sent == [16, "step 1/6", 66, "step 4/6", 100, "step 6/6"]
