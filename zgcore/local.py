@@ -462,7 +462,8 @@ class LocalLM(nn.Module):
         probe = torch.empty(ids.shape[0], ids.shape[1], inner.config.hidden_size, device=ids.device,
                             dtype=inner.embed_tokens.weight.dtype)
         pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
-        mask = create_causal_mask(config=inner.config, inputs_embeds=probe, attention_mask=None, cache=None, position_ids=pos)
+        # positional: the 4th argument (no KV cache) is `cache` in transformers >= 5.2x, `past_key_values` before
+        mask = create_causal_mask(inner.config, probe, None, None, position_ids=pos)
         return {"attention_mask": mask, "position_ids": pos, "position_embeddings": inner.rotary_emb(probe, position_ids=pos)}
 
     def run_block(self, j: int, x: torch.Tensor, ctx: Mapping[str, Any]) -> torch.Tensor:
@@ -471,7 +472,7 @@ class LocalLM(nn.Module):
         h = inner.embed_tokens(x) if j == 0 else x
         for layer in inner.layers[self.bounds[j]: self.bounds[j + 1]]:
             h = layer(h, attention_mask=ctx["attention_mask"], position_embeddings=ctx["position_embeddings"],
-                      position_ids=ctx["position_ids"], cache=None, use_cache=False)
+                      position_ids=ctx["position_ids"], use_cache=False)
         return h
 
     def boundary_logits(self, j: int, h: torch.Tensor, ctx: Mapping[str, Any]) -> list[torch.Tensor]:
