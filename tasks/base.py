@@ -31,6 +31,11 @@ class ZGTask(luigi.Task):
     outputs = luigi.Parameter(default="outputs", significant=False, description="root folder of all run artifacts")
     device = luigi.Parameter(default="cpu", significant=False, description="torch device for this task's work")
     uses_device = True  # False on tasks that only tokenise, convert on CPU or aggregate files
+    # Luigi's per-task retry policy: the scheduler disables a task at its first failure instead of
+    # retrying it 15 minutes later, whatever luigid's own config says. Workers waiting on it
+    # (luigi.cfg: keep_alive) then stop and exit non-zero instead of waiting forever; luigi.cfg's
+    # [scheduler] disable_persist enables it again seconds later, so that a rerun retries it.
+    retry_count = 1
 
     @property
     def resources(self) -> dict[str, int]:

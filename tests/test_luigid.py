@@ -12,7 +12,9 @@ from workflows.experiment import build_experiment, load_config
 from workflows.luigid import api, free_port, start_luigid
 
 ROOT = Path(__file__).resolve().parents[1]
-CFG = tiny_cfg(**{"train.max_steps": 150, "boundary.num_blocks": 2})
+# each TrainBlock takes several seconds, longer than a waiting worker's poll interval (luigi.cfg:
+# wait_interval + wait_jitter = at most 1.5 s), so the two workers must share the blocks
+CFG = tiny_cfg(**{"train.max_steps": 1500, "train.checkpoint_every": 500, "boundary.num_blocks": 2})
 
 
 @pytest.fixture
@@ -26,30 +28,37 @@ def luigid(tmp_path):
         proc.wait(timeout=20)
 
 
-def worker_cmd(out, port=None):
+def worker_cmd(out, port=None, cfg=CFG):
     sched = ["--local-scheduler"] if port is None else ["--scheduler-host", "127.0.0.1", "--scheduler-port", str(port),
                                                        "--no-lock"]
     return [sys.executable, "-m", "luigi", "--module", "workflows", "RunExperiment", *sched,
-            "--preset", "", "--outputs", str(out), "--set", CFG]
+            "--preset", "", "--outputs", str(out), "--set", cfg]
+
+
+def run_workers(tmp_path, out, port, n=2, cfg=CFG, timeout=600):
+    """Start ``n`` worker commands at once against luigid; return their exit codes and logs."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}  # two workers share 2 cores
+    files = [open(tmp_path / f"worker{i}.log", "w+") for i in range(n)]  # files, not pipes: a full pipe blocks a worker
+    procs = [subprocess.Popen(worker_cmd(out, port, cfg), cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+             for f in files]
+    for p in procs:
+        p.wait(timeout=timeout)
+    return [p.returncode for p in procs], [(tmp_path / f"worker{i}.log").read_text() for i in range(n)]
 
 
 def test_two_workers_share_one_luigid(tmp_path, luigid):
     out, ref = tmp_path / "shared", tmp_path / "single"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    files = [open(tmp_path / f"worker{i}.log", "w+") for i in range(2)]  # files, not pipes: a full pipe blocks a worker
-    procs = [subprocess.Popen(worker_cmd(out, luigid), cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT) for f in files]
-    for p in procs:
-        p.wait(timeout=600)
-    logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(2)]
-    # a worker that finds the rest held by the other exits with luigi.cfg's already_running code
-    # (10), never 0 with work undone; the one that finishes the root task exits 0
-    codes = sorted(p.returncode for p in procs)
-    assert codes in ([0, 0], [0, 10]), logs[0][-3000:] + logs[1][-3000:]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    codes, logs = run_workers(tmp_path, out, luigid)
+    # a worker exits 0, or luigi.cfg's already_running code (10) when other workers ran part of
+    # what it scheduled; never 30 (failed) or 25 (refused)
+    assert set(codes) <= {0, 10}, logs[0][-3000:] + logs[1][-3000:]
 
-    # each TrainBlock ran exactly once, across both workers
-    ran = [line for log in logs for line in log.splitlines() if "[TrainBlock " in line and "trained" in line]
-    labels = sorted(line.split("[TrainBlock ")[1].split("]")[0] for line in ran)
-    assert labels == [f"block{i}-clean-cached-s0" for i in range(2)]
+    # each TrainBlock ran exactly once, and the waiting worker took one: the blocks ran in parallel
+    ran = [[line.split("[TrainBlock ")[1].split("]")[0] for line in log.splitlines()
+            if "[TrainBlock " in line and "trained" in line] for log in logs]
+    assert sorted(label for r in ran for label in r) == [f"block{i}-clean-cached-s0" for i in range(2)]
+    assert sorted(len(r) for r in ran) == [1, 1], ran
 
     # byte-identical to a single-worker run
     assert subprocess.run(worker_cmd(ref), cwd=ROOT, env=env, capture_output=True).returncode == 0
@@ -68,3 +77,12 @@ def test_two_workers_share_one_luigid(tmp_path, luigid):
         assert deps[t.task_id]["status"] == "DONE"
         assert sorted(deps[t.task_id]["deps"]) == sorted(d.task_id for d in t.deps())
     assert sum(1 for tid in done if tid.startswith("TrainBlock_")) == 2
+
+
+def test_a_failed_task_stops_every_waiting_worker(tmp_path, luigid):
+    """A task that fails is disabled by the scheduler (luigi.cfg [scheduler] retry_count = 1), so
+    the worker waiting on it exits non-zero at once instead of waiting for a retry."""
+    cfg = tiny_cfg() + " device=cuda:7"  # fails inside TeacherBoundary.run: no such device here
+    codes, logs = run_workers(tmp_path, tmp_path / "out", luigid, cfg=cfg, timeout=120)
+    assert 30 in codes and 0 not in codes, codes
+    assert "device='cuda:7'" in "".join(logs) or "cuda:7" in "".join(logs)

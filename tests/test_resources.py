@@ -39,6 +39,11 @@ def test_seed_summary_claims_no_gpu(tmp_path):
     assert len(evals) == 2 and all(t.resources == {"gpu": 1} for t in evals)
 
 
+def test_a_failed_task_is_not_retried(tmp_path):
+    # sent to the scheduler with every task: disabled at the first failure, whatever luigid's config
+    assert all(t.retry_count == 1 for t in graph(tmp_path))
+
+
 def test_progress_reports_are_throttled(tmp_path, monkeypatch):
     """Each report is two scheduler calls (HTTP with luigid): at most one per PROGRESS_INTERVAL_S
     (2 s) plus the final one, not one per training step."""

@@ -3,6 +3,7 @@ free loopback port and query its JSON API. Used by the scale-out test and the sc
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -29,9 +30,13 @@ def api(port: int, method: str, data: dict | None = None) -> Any:
         return json.loads(r.read())["response"]
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def start_luigid(folder: Path, port: int, timeout_s: float = 30.0) -> subprocess.Popen:
     """Start luigid on 127.0.0.1:``port`` with its state file, log folder and output in ``folder``,
-    and wait until its API answers. The caller terminates the returned process.
+    reading this repository's ``luigi.cfg`` (its ``[scheduler]`` section: a failed task is disabled
+    at once, not retried), and wait until its API answers. The caller terminates the returned process.
 
     Raises:
         RuntimeError: luigid exited or did not answer within ``timeout_s`` seconds.
@@ -40,7 +45,8 @@ def start_luigid(folder: Path, port: int, timeout_s: float = 30.0) -> subprocess
     (folder / "luigid-logs").mkdir(parents=True, exist_ok=True)
     log = open(folder / "luigid.log", "w")
     proc = subprocess.Popen([exe, "--port", str(port), "--address", "127.0.0.1", "--state-path", str(folder / "state.pickle"),
-                             "--logdir", str(folder / "luigid-logs")], stdout=log, stderr=subprocess.STDOUT, cwd=folder)
+                             "--logdir", str(folder / "luigid-logs")], stdout=log, stderr=subprocess.STDOUT, cwd=folder,
+                            env={**os.environ, "LUIGI_CONFIG_PATH": str(ROOT / "luigi.cfg")})
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
