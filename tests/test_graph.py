@@ -81,8 +81,10 @@ def test_status_cli_reports_done_missing_stale(tmp_path, run_graph):
     out = str(tmp_path)
     cfg = tiny_cfg()
     r = CliRunner().invoke(app, ["status", "--preset", "", "--set", cfg, "--outputs", out])
-    assert r.exit_code == 0 and " missing " in r.stdout and " done " not in r.stdout
+    assert r.exit_code == 1 and " missing " in r.stdout and " done " not in r.stdout
     assert run_graph(RunExperiment(preset="", set=cfg, outputs=out))[0]
+    r = CliRunner().invoke(app, ["status", "--preset", "", "--set", cfg, "--outputs", out])
+    assert r.exit_code == 0 and " missing " not in r.stdout and r.stdout.count(" done ") == 7
     ev = build_experiment(load_config(overrides=cfg, preset=""), out)
     assert {task_state(t) for t in walk(ev)} == {"done"}
     changed = build_experiment(load_config(overrides=cfg + " blocks.0.lr=0.005", preset=""), out)

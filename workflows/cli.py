@@ -51,12 +51,16 @@ def _graph(config, set_, preset, outputs):
 
 @app.command()
 def status(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt):
-    """Each task of an experiment: done, missing, or stale."""
+    """Each task of an experiment: done, missing, or stale. Exits 0 when every task is done, else 1
+    (so a script can check a run that several workers shared)."""
     tasks = walk(_graph(config, set, preset, outputs))
     width = max(len(f"{t.get_task_family()} {t.label()}") for t in tasks)
-    for t in tasks:
+    states = [task_state(t) for t in tasks]
+    for t, state in zip(tasks, states):
         name = f"{t.get_task_family()} {t.label()}"
-        typer.echo(f"{name:<{width}}  {task_state(t):<7}  {t.out_dir}")
+        typer.echo(f"{name:<{width}}  {state:<7}  {t.out_dir}")
+    if any(s != "done" for s in states):
+        raise typer.Exit(1)
 
 
 @app.command()
