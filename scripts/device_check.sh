@@ -5,7 +5,7 @@
 #   1. carry [.device/teacher-1]                 command: bash scripts/device_check.sh stash
 #   2. carry [.device/teacher-2, .device/wheels] command: bash scripts/device_check.sh run
 # `run` rebuilds the SmolLM2 GGUF (sha256-checked), installs luigi and gguf from the carried wheels
-# if the image lacks them, runs tests/test_device.py, then the default experiment with device=cuda
+# if the image lacks them, runs the GPU tests (tests/test_device.py and the CUDA resume test), then the default experiment with device=cuda
 # (the README's command plus `--set device=cuda`), and leaves log.txt, report.json, report.md and
 # nvidia-smi samples in $OUT.
 # Env: ZG_DEVICE (default cuda; `cpu` rehearses the script on a machine without a GPU),
@@ -51,8 +51,8 @@ print("cuda available:", torch.cuda.is_available(),
 EOF
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 
-step "tests/test_device.py"
-"$py" -m pytest -q -p no:cacheprovider tests/test_device.py -rs
+step "GPU tests: tests/test_device.py, the CUDA SIGKILL-and-resume test"
+"$py" -m pytest -q -p no:cacheprovider tests/test_device.py "tests/test_resume.py::test_sigkill_mid_block_resumes_to_identical_bytes" -rs
 tests_rc=$?
 
 step "default experiment, device=$device"

@@ -6,27 +6,32 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import torch
+
 from tests.conftest import tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = tiny_cfg(**{"train.max_steps": 400, "train.checkpoint_every": 10, "train.batch_size": 2})
 
 
-def _cmd(out):
+def _cmd(out, device="cpu"):
     return [sys.executable, "-m", "luigi", "--module", "workflows", "RunExperiment", "--local-scheduler",
-            "--preset", "", "--outputs", str(out), "--set", LONG]
+            "--preset", "", "--outputs", str(out), "--set", LONG + f" device={device}"]
 
 
 def _blocks(out):
     return {p.parent.name.rsplit("-", 1)[0]: p.read_bytes() for p in sorted(Path(out).glob("TrainBlock/*/block.safetensors"))}
 
 
-def test_sigkill_mid_block_resumes_to_identical_bytes(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device on this machine"))])
+def test_sigkill_mid_block_resumes_to_identical_bytes(tmp_path, device):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     ref, out = tmp_path / "ref", tmp_path / "killed"
-    assert subprocess.run(_cmd(ref), cwd=ROOT, env=env, capture_output=True).returncode == 0
+    assert subprocess.run(_cmd(ref, device), cwd=ROOT, env=env, capture_output=True).returncode == 0
 
-    proc = subprocess.Popen(_cmd(out), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(_cmd(out, device), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     ckpts = []
     while time.time() < deadline and proc.poll() is None:
@@ -40,7 +45,7 @@ def test_sigkill_mid_block_resumes_to_identical_bytes(tmp_path):
     boundary_mtime = next(out.glob("TeacherBoundary/*/boundaries.h5")).stat().st_mtime_ns
     assert not list(out.glob("Evaluate/*"))  # it really died before the end
 
-    rerun = subprocess.run(_cmd(out), cwd=ROOT, env=env, capture_output=True, text=True)
+    rerun = subprocess.run(_cmd(out, device), cwd=ROOT, env=env, capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     log = rerun.stdout + rerun.stderr
     assert "resumed from step" in log

@@ -85,7 +85,7 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     log: list[tuple[int, float, float]] = []
     start = 0
     ckpt_path = work / CKPT
-    ck = load_checkpoint(ckpt_path, device) if ckpt_path.exists() else None
+    ck = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
     if ck is not None:
         if ck.get("run_hash") == run_hash:
             block.load_state_dict(ck["block"])
@@ -148,11 +148,13 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
             "resumed_from": resumed_from}
 
 
-def load_checkpoint(path: Path, device) -> dict[str, Any] | None:
-    """Load a checkpoint, or return ``None`` (after moving the file aside to ``*.corrupt`` and
-    saying so) when it cannot be read or lacks a field: a damaged checkpoint is never used."""
+def load_checkpoint(path: Path) -> dict[str, Any] | None:
+    """Load a checkpoint onto the CPU, or return ``None`` (after moving the file aside to
+    ``*.corrupt`` and saying so) when it cannot be read or lacks a field: a damaged checkpoint is
+    never used. CPU, whatever the training device: ``torch.set_rng_state`` takes only a CPU
+    ``ByteTensor``, and ``load_state_dict`` copies weights and optimizer state to the device."""
     try:
-        ck = torch.load(path, map_location=device, weights_only=False)
+        ck = torch.load(path, map_location="cpu", weights_only=False)
         missing = {"block", "optimizer", "torch_rng", "step", "log", "run_hash"} - set(ck)
         if missing:
             raise KeyError(f"fields missing: {sorted(missing)}")
