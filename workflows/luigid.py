@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -28,9 +30,6 @@ def api(port: int, method: str, data: dict | None = None) -> Any:
     q = "" if data is None else "?data=" + urllib.parse.quote(json.dumps(data))
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/{method}{q}", timeout=10) as r:
         return json.loads(r.read())["response"]
-
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_luigid(folder: Path, port: int, timeout_s: float = 30.0) -> subprocess.Popen:
