@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,47 @@ def test_a_failed_task_stops_every_waiting_worker(tmp_path, luigid):
     assert "cuda:7" in "".join(logs)
     r = CliRunner().invoke(app, ["status", "--preset", "", "--set", cfg, "--outputs", str(tmp_path / "out")])
     assert r.exit_code == 1 and " missing " in r.stdout
+
+
+def test_a_killed_worker_stops_the_others_and_a_rerun_resumes_its_block(tmp_path):
+    """SIGKILL the worker running TrainBlock 0: luigid fails that task once it stops hearing from
+    the worker (``worker_disconnect_delay``: 5 s here, Luigi's default 60 s), the other worker
+    finishes its own block and exits non-zero, and a rerun resumes block 0 from its checkpoint."""
+    from typer.testing import CliRunner
+
+    from workflows.cli import app
+
+    port = free_port()
+    # shorter than Luigi's defaults (60 s, and luigi.cfg's 5 s), to keep the test short
+    luigid = start_luigid(tmp_path, port, scheduler={"worker_disconnect_delay": "5", "retry_delay": "1"})
+    try:
+        out = tmp_path / "out"
+        cfg = tiny_cfg(**{"train.max_steps": 2500, "train.checkpoint_every": 250, "boundary.num_blocks": 2})
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        logs = [tmp_path / f"worker{i}.log" for i in range(2)]
+        procs = [subprocess.Popen(worker_cmd(out, port, cfg), cwd=ROOT, env=env, stdout=open(log, "w"),
+                                  stderr=subprocess.STDOUT) for log in logs]
+        deadline = time.time() + 120
+        victim = None
+        while victim is None and time.time() < deadline:
+            if list(out.glob("TrainBlock/block0-*.partial/checkpoint.pt")):
+                victim = next((i for i, log in enumerate(logs) for line in log.read_text().splitlines()
+                               if "running   TrainBlock(" in line and "block=0," in line), None)
+            time.sleep(0.05)
+        assert victim is not None, "block 0 never wrote a checkpoint"
+        procs[victim].kill()
+        survivor = procs[1 - victim]
+        survivor.wait(timeout=120)
+        assert survivor.returncode in (10, 25), logs[1 - victim].read_text()[-3000:]
+        assert "trained" in logs[1 - victim].read_text()  # it finished its own block first
+        status = ["status", "--preset", "", "--set", cfg, "--outputs", str(out)]
+        assert CliRunner().invoke(app, status).exit_code == 1
+
+        time.sleep(11)  # past luigi.cfg's disable_persist (10 s): the failed task is enabled again
+        rerun = subprocess.run(worker_cmd(out, port, cfg), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert "resumed from step" in rerun.stdout + rerun.stderr
+        assert CliRunner().invoke(app, status).exit_code == 0
+    finally:
+        luigid.terminate()
+        luigid.wait(timeout=20)
