@@ -36,20 +36,27 @@ def worker_cmd(out, port=None, cfg=CFG):
             "--preset", "", "--outputs", str(out), "--set", cfg]
 
 
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}  # two workers share 2 cores
+
+
+def start_workers(tmp_path, out, port, n=2, cfg=CFG):
+    """Start ``n`` worker commands at once against luigid; return the processes and their log files."""
+    logs = [tmp_path / f"worker{i}.log" for i in range(n)]  # files, not pipes: a full pipe blocks a worker
+    procs = [subprocess.Popen(worker_cmd(out, port, cfg), cwd=ROOT, env=ENV, stdout=open(log, "w"),
+                              stderr=subprocess.STDOUT) for log in logs]
+    return procs, logs
+
+
 def run_workers(tmp_path, out, port, n=2, cfg=CFG, timeout=600):
-    """Start ``n`` worker commands at once against luigid; return their exit codes and logs."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}  # two workers share 2 cores
-    files = [open(tmp_path / f"worker{i}.log", "w+") for i in range(n)]  # files, not pipes: a full pipe blocks a worker
-    procs = [subprocess.Popen(worker_cmd(out, port, cfg), cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-             for f in files]
+    """Run ``n`` worker commands at once against luigid; return their exit codes and logs."""
+    procs, logs = start_workers(tmp_path, out, port, n, cfg)
     for p in procs:
         p.wait(timeout=timeout)
-    return [p.returncode for p in procs], [(tmp_path / f"worker{i}.log").read_text() for i in range(n)]
+    return [p.returncode for p in procs], [log.read_text() for log in logs]
 
 
 def test_two_workers_share_one_luigid(tmp_path, luigid):
     out, ref = tmp_path / "shared", tmp_path / "single"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     codes, logs = run_workers(tmp_path, out, luigid)
     # a worker exits 0, or luigi.cfg's already_running code (10) when other workers ran part of
     # what it scheduled; never 30 (failed) or 25 (refused)
@@ -62,7 +69,7 @@ def test_two_workers_share_one_luigid(tmp_path, luigid):
     assert sorted(len(r) for r in ran) == [1, 1], ran
 
     # byte-identical to a single-worker run
-    assert subprocess.run(worker_cmd(ref), cwd=ROOT, env=env, capture_output=True).returncode == 0
+    assert subprocess.run(worker_cmd(ref), cwd=ROOT, env=ENV, capture_output=True).returncode == 0
     shared = sorted(out.glob("Assemble/*/model/model.safetensors"))
     single = sorted(ref.glob("Assemble/*/model/model.safetensors"))
     assert len(shared) == 1 and shared[0].read_bytes() == single[0].read_bytes()
@@ -111,10 +118,7 @@ def test_a_killed_worker_stops_the_others_and_a_rerun_resumes_its_block(tmp_path
     try:
         out = tmp_path / "out"
         cfg = tiny_cfg(**{"train.max_steps": 2500, "train.checkpoint_every": 250, "boundary.num_blocks": 2})
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-        logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-        procs = [subprocess.Popen(worker_cmd(out, port, cfg), cwd=ROOT, env=env, stdout=open(log, "w"),
-                                  stderr=subprocess.STDOUT) for log in logs]
+        procs, logs = start_workers(tmp_path, out, port, cfg=cfg)
         deadline = time.time() + 120
         victim = None
         while victim is None and time.time() < deadline:
@@ -132,7 +136,7 @@ def test_a_killed_worker_stops_the_others_and_a_rerun_resumes_its_block(tmp_path
         assert CliRunner().invoke(app, status).exit_code == 1
 
         time.sleep(11)  # past luigi.cfg's disable_persist (10 s): the failed task is enabled again
-        rerun = subprocess.run(worker_cmd(out, port, cfg), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        rerun = subprocess.run(worker_cmd(out, port, cfg), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert "resumed from step" in rerun.stdout + rerun.stderr
         assert CliRunner().invoke(app, status).exit_code == 0
