@@ -19,8 +19,8 @@ import urllib.parse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from workflows.luigid import api, free_port, start_luigid  # noqa: E402
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from luigid_util import api, free_port, start_luigid  # noqa: E402  (tests/luigid_util.py)
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import tiny_cfg
 from workflows.cli import walk
 from workflows.experiment import build_experiment, load_config
-from workflows.luigid import api, free_port, start_luigid
+from luigid_util import api, free_port, start_luigid
 
 ROOT = Path(__file__).resolve().parents[1]
 # each TrainBlock takes several seconds, longer than a waiting worker's poll interval (luigi.cfg:
