@@ -170,10 +170,8 @@ class TrainBlock(_TeacherTask):
                                device=self.device)
 
     def own_config(self):
-        t = dict(canonical(self.train))
+        t = ztrain.effective_train(canonical(self.train))  # only what can change the result is hashed
         t["boundary"] = canonical(self.boundary) if t["targets"] == "online" else None
-        if t["objective"] == "clean":
-            t.pop("noise", None)  # clean regression draws no noise: its level must not move the hash
         return {"block": self.block, "train": t}
 
     def label(self):
@@ -201,7 +199,8 @@ class TrainBlock(_TeacherTask):
             source = boundary_store.BoundaryReader(self.requires().out_dir / "boundaries.h5")
         with source:
             m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
-                                   progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"))
+                                   progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
+                                   name=f"{self.get_task_family()} {self.label()}")
             m["teacher_seconds"] = getattr(source, "teacher_seconds", 0.0)
         with self.building() as tmp:
             ztrain.save_weights(tmp / "block.safetensors", block.layer_state_dict())
