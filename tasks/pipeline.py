@@ -19,6 +19,7 @@ from zgcore.config import corpus_files, kept_layers, resolve_boundaries
 from zgcore.hashing import canonical
 
 from .base import HIDDEN, ZGTask
+from .work import Resumable
 
 
 def path_stamp(spec: str) -> list | None:
@@ -152,7 +153,7 @@ class TeacherBoundary(_TeacherTask):
         self.log(f"built in {seconds:.1f} s")
 
 
-class TrainBlock(_TeacherTask):
+class TrainBlock(Resumable, _TeacherTask):
     """Train student block ``block`` (teacher layers [b_i, b_{i+1})) on boundary i → i+1.
 
     Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``."""
@@ -176,11 +177,6 @@ class TrainBlock(_TeacherTask):
 
     def label(self):
         return f"block{self.block}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}"
-
-    @property
-    def work_dir(self) -> Path:
-        """Checkpoints and logs of an unfinished run (kept across interruptions)."""
-        return self.out_dir.with_name(self.out_dir.name + ".partial")
 
     def run(self):
         rec, (model, _tok) = self.load_teacher()
