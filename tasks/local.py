@@ -46,6 +46,8 @@ class PretrainLocal(_LocalTask):
     ``local.json``, ``loss_log.csv`` and ``metrics.json`` (tokens seen and their sha256,
     measured activation memory in both execution modes, losses, seconds)."""
 
+    code_deps = ("zgcore.local", "zgcore.corpus:read_tokens")
+
     def requires(self):
         return self.corpus_task()
 
@@ -82,6 +84,8 @@ class EvaluateLocal(_LocalTask):
     """Held-out CE (nats/token) of one trained configuration: the model's own output, and every
     boundary's aux head; writes ``eval.json``."""
 
+    code_deps = ("zgcore.local", "zgcore.metrics:cross_entropy")
+
     eval = luigi.DictParameter()
 
     def requires(self):
@@ -112,6 +116,7 @@ class LocalStudyReport(ZGTask):
     ``report.md`` and ``gap_vs_k.png``."""
 
     uses_device = False  # reads the EvaluateLocal results only
+    code_deps = ("zgcore.local", "zgcore.markdown")
 
     tokenizer = luigi.Parameter()
     corpus = luigi.DictParameter()

@@ -36,6 +36,7 @@ class PrepareTeacher(ZGTask):
     Hugging Face folder (so later tasks load in seconds), build tiny teachers, or record a local one."""
 
     uses_device = False  # de-quantises on CPU
+    code_deps = ("zgcore.teacher",)
 
     teacher = luigi.Parameter(description="smollm2-135m | tiny-llama | tiny-qwen2 | tiny-gpt2 | HF folder | .gguf | Hub id")
 
@@ -80,6 +81,7 @@ class PrepareCorpus(_TeacherTask):
     """Tokenize the corpus with the teacher's tokenizer into fixed-length train/val sequences (HDF5)."""
 
     uses_device = False  # tokenises only
+    code_deps = ("zgcore.corpus", "zgcore.config:corpus_files")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
 
@@ -109,6 +111,9 @@ class PrepareCorpus(_TeacherTask):
 class TeacherBoundary(_TeacherTask):
     """Run the frozen teacher once over train and val sequences and store the raw residual stream
     at every boundary (one HDF5 dataset per boundary, chunked by sequence, with a manifest)."""
+
+    code_deps = ("zgcore.boundary_store", "zgcore.adapters:capture_boundaries", "zgcore.config:resolve_boundaries",
+                 "zgcore.teacher:load", "zgcore.device")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
@@ -156,6 +161,9 @@ class TrainBlock(_TeacherTask):
     """Train student block ``block`` (teacher layers [b_i, b_{i+1})) on boundary i → i+1.
 
     Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``."""
+
+    code_deps = ("zgcore.train", "zgcore.objectives", "zgcore.adapters", "zgcore.boundary_store", "zgcore.device",
+                 "zgcore.config:kept_layers", "zgcore.config:resolve_boundaries", "zgcore.teacher:load")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
@@ -245,6 +253,8 @@ class Assemble(_StudentTask):
     """Stitch the teacher's embedding, the trained blocks in order, and the teacher's final norm and
     LM head into one Hugging Face model folder (config, safetensors, tokenizer)."""
 
+    code_deps = ("zgcore.adapters", "zgcore.teacher:load", "tasks.pipeline:load_blocks")
+
     def requires(self):
         return self.block_tasks()
 
@@ -266,6 +276,9 @@ class Assemble(_StudentTask):
 class Evaluate(_StudentTask):
     """Held-out cross-entropy of the teacher, the untrained student and the assembled student;
     writes ``report.json`` and ``report.md`` (assembled by :mod:`zgcore.report`)."""
+
+    code_deps = ("zgcore.metrics", "zgcore.report", "zgcore.markdown", "zgcore.plots", "zgcore.adapters",
+                 "zgcore.teacher:load", "tasks.pipeline:load_blocks")
 
     eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import luigi
+from luigi.cmdline_parser import CmdlineParser
 
 from tasks import Evaluate, ObjectiveStudyReport, SeedSummary, ZGTask
 from zgcore import config as zconfig
@@ -55,10 +56,10 @@ def load_preset(preset: str, pattern: str = "*.toml") -> dict[str, Any]:
 
 class ConfiguredWorkflow(luigi.WrapperTask):
     """Base of the top-level workflows: a preset, an optional file and overrides resolve to
-    ``self.cfg`` at construction — before any task runs — so bad input fails at once: a
-    :class:`zgcore.config.ConfigError` prints one ``error:`` line and exits
-    :data:`CONFIG_ERROR_EXIT` (see :func:`or_exit`). Subclasses set the ``preset`` default and
-    :meth:`resolve`."""
+    ``self.cfg`` at construction — before any task runs — so bad input fails at once with
+    :class:`zgcore.config.ConfigError`; on the ``luigi`` command line it prints one ``error:`` line
+    and exits :data:`CONFIG_ERROR_EXIT` instead (see :func:`or_exit`). Subclasses set the
+    ``preset`` default and :meth:`resolve`."""
 
     config = luigi.Parameter(default="", description="experiment file (.toml/.yaml)")
     set = luigi.Parameter(default="", description='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"')
@@ -66,7 +67,9 @@ class ConfiguredWorkflow(luigi.WrapperTask):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.cfg = or_exit(self.resolve)
+        # On the `luigi` command line (Luigi builds this task while parsing it) a configuration error
+        # is one line and exit 2; built from Python (luigi.build, tests) it raises ConfigError.
+        self.cfg = or_exit(self.resolve) if CmdlineParser.get_instance() is not None else self.resolve()
 
     def resolve(self) -> dict[str, Any]:
         """The resolved, validated configuration of this workflow."""
