@@ -78,3 +78,22 @@ def test_precision_changes_trainblock_path_and_a_checkpoint_of_another_precision
     log = capfd.readouterr().out
     assert "written by another configuration" in log and "resumed from step" not in log
     assert (cpu.out_dir / "block.safetensors").read_bytes() == (ref_block.out_dir / "block.safetensors").read_bytes()
+
+
+def test_outputs_carry_the_umask_permissions(finished):
+    """safetensors writes through a 0600 tempfile; every output is group- and world-readable under umask 022."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        from zgcore.train import save_weights
+
+        save_weights(finished / "w.safetensors", {"a": torch.zeros(2)})
+        assert (finished / "w.safetensors").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+    weights = list(finished.glob("TrainBlock/*/block.safetensors")) + list(finished.glob("Assemble/*/model/*.safetensors"))
+    assert len(weights) == 3
+    mask = os.umask(0)
+    os.umask(mask)
+    assert all(f.stat().st_mode & 0o777 == 0o666 & ~mask for f in weights)  # the umask of the run that wrote them
