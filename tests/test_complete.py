@@ -97,3 +97,17 @@ def test_outputs_carry_the_umask_permissions(finished):
     mask = os.umask(0)
     os.umask(mask)
     assert all(f.stat().st_mode & 0o777 == 0o666 & ~mask for f in weights)  # the umask of the run that wrote them
+
+
+def test_local_learning_families_rebuild_a_damaged_output_and_what_reads_it(tmp_path, run_graph):
+    from workflows import LocalLearningStudy
+
+    study = dict(preset="local_tiny", set="study.K=[1] study.aux=[mlp] study.mtp=[off]", outputs=str(tmp_path))
+    assert run_graph(LocalLearningStudy(**study))[0]
+    for family, expect in (("LocalStudyReport", ["LocalStudyReport"]),
+                           ("EvaluateLocal", ["EvaluateLocal", "LocalStudyReport"]),
+                           ("PretrainLocal", ["EvaluateLocal", "LocalStudyReport", "PretrainLocal"])):
+        (folder,) = [p for p in tmp_path.glob(f"{family}/*") if "." not in p.name]
+        next(f for f in sorted(folder.rglob("*")) if f.is_file() and f.name != "task.json").unlink()
+        ok, ran = run_graph(LocalLearningStudy(**study))
+        assert ok and sorted(f for f, _ in ran if f != "LocalLearningStudy") == expect, family
