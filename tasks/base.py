@@ -174,7 +174,8 @@ class ZGTask(luigi.Task):
         written with its size in bytes (what :meth:`check_output` checks)."""
         if self.out_dir.exists():  # failed check_output(): keep the old folder for inspection
             kind = (self.check_output() or ("damaged", ""))[0]
-            self.out_dir.rename(self.out_dir.with_name(f"{self.out_dir.name}.{kind}-{int(time.time())}"))
+            aside = f"{self.out_dir.name}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            self.out_dir.rename(self.out_dir.with_name(aside))
         ups = self.upstream()
         with atomic_path(self.out_dir) as tmp:
             tmp.mkdir(parents=True)

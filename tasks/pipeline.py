@@ -174,8 +174,9 @@ class TrainBlock(_TeacherTask):
         if self.train["targets"] == "online":  # no cache: the teacher runs inside training
             return {"teacher": self.teacher_task(),
                     "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
-        return TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs,
-                               device=self.device)
+        return {"teacher": self.teacher_task(),  # its record is read to load the teacher's layers
+                "cache": TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
+                                         outputs=self.outputs, device=self.device)}
 
     def own_config(self):
         t = dict(canonical(self.train))
@@ -206,7 +207,7 @@ class TrainBlock(_TeacherTask):
                                                      int(self.boundary["batch_size"]))
         else:
             del model
-            source = boundary_store.BoundaryReader(self.requires().out_dir / "boundaries.h5")
+            source = boundary_store.BoundaryReader(self.requires()["cache"].out_dir / "boundaries.h5")
         with source:
             m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"))
@@ -256,7 +257,7 @@ class Assemble(_StudentTask):
     code_deps = ("zgcore.adapters", "zgcore.teacher:load", "tasks.pipeline:load_blocks")
 
     def requires(self):
-        return self.block_tasks()
+        return {"teacher": self.teacher_task(), "blocks": self.block_tasks()}
 
     def own_config(self):
         return {}
@@ -266,7 +267,7 @@ class Assemble(_StudentTask):
 
     def run(self):
         rec, (model, tok) = self.load_teacher()
-        student = assemble(model, load_blocks(model, self.requires(), "block"))
+        student = assemble(model, load_blocks(model, self.requires()["blocks"], "block"))
         with self.building() as tmp:
             student.save_pretrained(tmp / "model")
             tok.save_pretrained(tmp / "model")
@@ -284,7 +285,8 @@ class Evaluate(_StudentTask):
     name = luigi.Parameter(default="experiment", significant=False)
 
     def requires(self):
-        req = {"assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+        req = {"teacher": self.teacher_task(),
+               "assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
                                     outputs=self.outputs, device=self.device),
                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs),
                "blocks": self.block_tasks()}  # metrics.json, init/block weights and loss logs are read here

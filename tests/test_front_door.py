@@ -67,6 +67,8 @@ def test_zerograph_errors_and_hints_carry_the_users_options(tmp_path):
     r = CliRunner().invoke(app, ["report", "--preset", "tiny", "--outputs", str(tmp_path / "my out")])
     assert r.exit_code == 1
     assert f".venv/bin/luigi --module workflows RunExperiment --local-scheduler --preset tiny --outputs '{tmp_path}/my out'" in r.output
+    r = CliRunner().invoke(app, ["status", "--preset", "tiny", "--set", "train.lr=0.01", "--outputs", str(tmp_path)])
+    assert r.exit_code == 1 and "--preset tiny --set train.lr=0.01 --outputs" in r.output.splitlines()[-1]
 
 
 def _teacher_folder(path, weights=True, tokenizer=True):

@@ -69,6 +69,7 @@ def status(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, 
         name = f"{t.get_task_family()} {t.label()}"
         typer.echo(f"{name:<{width}}  {state:<7}  {t.out_dir}")
     if any(s != "done" for s in states):
+        typer.echo(f"not all done; run: {run_command(config, set, preset, outputs)}", err=True)
         raise typer.Exit(1)
 
 
