@@ -1,10 +1,19 @@
-"""The shared task base: hash-named output folders (gokart-style unique ids), atomic completion."""
+"""The shared task base: hash-named output folders (gokart-style unique ids), atomic completion,
+and what "complete" means.
+
+A task's hash covers its own configuration, its upstream tasks' hashes, the numerics that change
+its results (compute precision on its device) and its family's code version. Its folder holds a
+``task.json`` that records every file written with its size and the build of every upstream
+output it read; a folder whose files are missing or cut short, or whose inputs were rebuilt since,
+is not complete: it is moved aside and rebuilt, and so is everything downstream of it.
+"""
 from __future__ import annotations
 
 import contextlib
 import json
 import math
 import time
+import uuid
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
@@ -14,19 +23,31 @@ from luigi.parameter import ParameterVisibility
 from luigi.task import flatten
 
 from zgcore.atomic import atomic_path
+from zgcore.device import precision
 from zgcore.hashing import canonical, config_hash
 
 HIDDEN = ParameterVisibility.HIDDEN  # long configs: kept out of the visualiser's task names
 PROGRESS_INTERVAL_S = 2.0  # seconds between two progress reports to the scheduler
+RECORD = "task.json"  # in every output folder: identity, files written (with sizes), upstream builds
+_said: set[tuple[str, str]] = set()  # (folder, problem) already logged by complete()
 
 
 class ZGTask(luigi.Task):
     """Base of every ZeroGraph task.
 
     A task's output is one folder, ``<outputs>/<TaskFamily>/<label>-<hash>``, where the hash covers
-    :meth:`own_config` and the hashes of everything :meth:`requires` returns. The folder is built
-    under a temporary name and renamed when complete, so it exists only when the task is done.
+    :meth:`own_config`, :meth:`numerics` (code version, compute precision) and the hashes of
+    everything :meth:`requires` returns. The folder is built under a temporary name and renamed
+    when complete, so it exists only when the task is done; :meth:`complete` also checks it is whole.
+
+    ``code_version``: bump it in the commit that changes what the family computes (its
+    ``code_deps`` and its own class body are guarded by ``tests/test_code_versions.py``; record the
+    new state with ``python -m tasks.versions --write``). ``code_deps``: the modules
+    (``"zgcore.train"``) and objects (``"zgcore.config:kept_layers"``) whose code decides its output.
     """
+
+    code_version = 1
+    code_deps: tuple[str, ...] = ()
 
     outputs = luigi.Parameter(default="outputs", significant=False, description="root folder of all run artifacts")
     device = luigi.Parameter(default="cpu", significant=False, description="torch device for this task's work")
@@ -67,11 +88,24 @@ class ZGTask(luigi.Task):
         """Readable prefix of the output folder name."""
         return self.get_task_family().lower()
 
+    def numerics(self) -> dict[str, Any]:
+        """What changes results besides the configuration: the family's ``code_version`` and, for a
+        task that computes on its device, the compute precision there (``float32`` on CPU,
+        ``bf16-autocast`` on CUDA). The device itself is not included: cuda:0 and cuda:1 compute alike."""
+        out: dict[str, Any] = {"code_version": int(self.code_version)}
+        if self.uses_device:
+            out["precision"] = precision(self.device)
+        return out
+
+    def upstream(self) -> list["ZGTask"]:
+        """The ZeroGraph tasks :meth:`requires` returns, in order."""
+        return [t for t in flatten(self.requires()) if isinstance(t, ZGTask)]
+
     @cached_property
     def uid(self) -> str:
-        """The task's unique id: hash of family, own config and upstream ids."""
-        ups = [t.uid for t in flatten(self.requires()) if isinstance(t, ZGTask)]
-        return config_hash(self.get_task_family(), self.own_config(), ups)
+        """The task's unique id: hash of family, own config, numerics and upstream ids."""
+        return config_hash(self.get_task_family(), {"config": self.own_config(), **self.numerics()},
+                           [t.uid for t in self.upstream()])
 
     @property
     def out_dir(self) -> Path:
@@ -82,36 +116,76 @@ class ZGTask(luigi.Task):
         return luigi.LocalTarget(str(self.out_dir))
 
     def verify(self) -> str | None:
-        """Cheap integrity check of a finished output: ``None`` when sound, else what is wrong.
-        Subclasses check what they wrote (sizes, manifests)."""
+        """Extra integrity check of a finished output beyond :meth:`check_output`'s file list:
+        ``None`` when sound, else what is wrong. Subclasses check what they wrote (manifests)."""
+        return None
+
+    def record(self) -> dict[str, Any] | None:
+        """The output folder's ``task.json``, or ``None`` when it is missing or unreadable."""
+        try:
+            return json.loads((self.out_dir / RECORD).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def check_output(self) -> tuple[str, str] | None:
+        """``None`` when the output folder is whole and current, else ``(kind, what)``: kind
+        ``"damaged"`` (``task.json`` unreadable, a recorded file missing or of another size,
+        :meth:`verify` fails) or ``"stale"`` (an upstream output is not complete, or was rebuilt
+        after this one read it)."""
+        rec = self.record()
+        if rec is None or "files" not in rec:
+            return "damaged", f"{RECORD} is missing or unreadable"
+        for name, size in rec["files"].items():
+            f = self.out_dir / name
+            if not f.is_file():
+                return "damaged", f"{name} is missing"
+            if f.stat().st_size != size:
+                return "damaged", f"{name} has {f.stat().st_size} bytes, {size} when written"
+        problem = self.verify()
+        if problem:
+            return "damaged", problem
+        for t in self.upstream():
+            name = f"{t.get_task_family()} {t.label()}"
+            if not t.complete():
+                return "stale", f"its input {name} is not complete and will be rebuilt first"
+            if (t.record() or {}).get("build") != rec.get("upstream_builds", {}).get(t.uid):
+                return "stale", f"its input {name} was rebuilt after it was read"
         return None
 
     def complete(self) -> bool:
-        """Done when the output folder exists and passes :meth:`verify`; a folder that fails is
-        reported and rebuilt (the damaged one is moved aside, never deleted)."""
+        """Done when the output folder exists and passes :meth:`check_output`; a folder that fails
+        is reported and rebuilt (the old one is moved aside, never deleted)."""
         if not self.out_dir.is_dir():
             return False
-        problem = self.verify()
+        problem = self.check_output()
         if problem:
-            self.log(f"output {self.out_dir} is damaged ({problem}); it will be rebuilt")
+            if (str(self.out_dir), problem[1]) not in _said:
+                _said.add((str(self.out_dir), problem[1]))
+                self.log(f"output {self.out_dir} is {problem[0]} ({problem[1]}); it will be rebuilt")
             return False
         return True
 
     @contextlib.contextmanager
     def building(self) -> Iterator[Path]:
         """Yield a temporary folder; it becomes :attr:`out_dir` when the block exits cleanly.
-        A ``task.json`` recording family, label, hash, config and upstream ids is added."""
-        if self.out_dir.exists():  # failed verify(): keep the damaged folder for inspection
-            import time
 
-            self.out_dir.rename(self.out_dir.with_name(f"{self.out_dir.name}.damaged-{int(time.time())}"))
+        A ``task.json`` is added recording family, label, hash, config, numerics, upstream ids, a
+        fresh ``build`` id, the ``build`` of every upstream output as read now, and every file
+        written with its size in bytes (what :meth:`check_output` checks)."""
+        if self.out_dir.exists():  # failed check_output(): keep the old folder for inspection
+            kind = (self.check_output() or ("damaged", ""))[0]
+            aside = f"{self.out_dir.name}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            self.out_dir.rename(self.out_dir.with_name(aside))
+        ups = self.upstream()
         with atomic_path(self.out_dir) as tmp:
             tmp.mkdir(parents=True)
             yield tmp
+            files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
             info = {"family": self.get_task_family(), "label": self.label(), "uid": self.uid,
-                    "config": canonical(self.own_config()),
-                    "upstream": [t.uid for t in flatten(self.requires()) if isinstance(t, ZGTask)]}
-            (tmp / "task.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+                    "config": canonical(self.own_config()), "numerics": self.numerics(),
+                    "upstream": [t.uid for t in ups], "build": uuid.uuid4().hex,
+                    "upstream_builds": {t.uid: (t.record() or {}).get("build") for t in ups}, "files": files}
+            (tmp / RECORD).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
     def progress(self, done: int, total: int, message: str = "") -> None:
         """Report progress to the Luigi scheduler (shown in luigid's visualiser): percentage and a

@@ -53,6 +53,8 @@ class PretrainLocal(Resumable, _LocalTask):
     ``<out_dir>.partial`` and resumes from there, bitwise-identical to an uninterrupted run; a
     non-finite loss or gradient norm fails it at once (:class:`zgcore.loop.NonFiniteError`)."""
 
+    code_deps = ("zgcore.local", "zgcore.corpus:read_tokens")
+
     def requires(self):
         return self.corpus_task()
 
@@ -90,6 +92,8 @@ class EvaluateLocal(_LocalTask):
     """Held-out CE (nats/token) of one trained configuration: the model's own output, and every
     boundary's aux head; writes ``eval.json``."""
 
+    code_deps = ("zgcore.local", "zgcore.metrics:cross_entropy")
+
     eval = luigi.DictParameter()
 
     def requires(self):
@@ -120,6 +124,7 @@ class LocalStudyReport(ZGTask):
     ``report.md`` and ``gap_vs_k.png``."""
 
     uses_device = False  # reads the EvaluateLocal results only
+    code_deps = ("zgcore.local", "zgcore.markdown")
 
     tokenizer = luigi.Parameter()
     corpus = luigi.DictParameter()

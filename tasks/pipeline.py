@@ -12,7 +12,7 @@ from typing import Any
 
 import luigi
 
-from zgcore import boundary_store, corpus, metrics, plots, teacher as zteacher, train as ztrain
+from zgcore import boundary_store, corpus, metrics, plots, report as zreport, teacher as zteacher, train as ztrain
 from zgcore.adapters import assemble, build_block
 from zgcore.atomic import write_json, write_text
 from zgcore.config import corpus_files, kept_layers, resolve_boundaries
@@ -37,6 +37,7 @@ class PrepareTeacher(ZGTask):
     Hugging Face folder (so later tasks load in seconds), build tiny teachers, or record a local one."""
 
     uses_device = False  # de-quantises on CPU
+    code_deps = ("zgcore.teacher",)
 
     teacher = luigi.Parameter(description="smollm2-135m | tiny-llama | tiny-qwen2 | tiny-gpt2 | HF folder | .gguf | Hub id")
 
@@ -81,6 +82,7 @@ class PrepareCorpus(_TeacherTask):
     """Tokenize the corpus with the teacher's tokenizer into fixed-length train/val sequences (HDF5)."""
 
     uses_device = False  # tokenises only
+    code_deps = ("zgcore.corpus", "zgcore.config:corpus_files")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
 
@@ -110,6 +112,9 @@ class PrepareCorpus(_TeacherTask):
 class TeacherBoundary(_TeacherTask):
     """Run the frozen teacher once over train and val sequences and store the raw residual stream
     at every boundary (one HDF5 dataset per boundary, chunked by sequence, with a manifest)."""
+
+    code_deps = ("zgcore.boundary_store", "zgcore.adapters:capture_boundaries", "zgcore.config:resolve_boundaries",
+                 "zgcore.teacher:load", "zgcore.device")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
@@ -158,6 +163,9 @@ class TrainBlock(Resumable, _TeacherTask):
 
     Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``."""
 
+    code_deps = ("zgcore.train", "zgcore.objectives", "zgcore.adapters", "zgcore.boundary_store", "zgcore.device",
+                 "zgcore.config:kept_layers", "zgcore.config:resolve_boundaries", "zgcore.teacher:load")
+
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
     block = luigi.IntParameter()
@@ -167,8 +175,9 @@ class TrainBlock(Resumable, _TeacherTask):
         if self.train["targets"] == "online":  # no cache: the teacher runs inside training
             return {"teacher": self.teacher_task(),
                     "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
-        return TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs,
-                               device=self.device)
+        return {"teacher": self.teacher_task(),  # its record is read to load the teacher's layers
+                "cache": TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
+                                         outputs=self.outputs, device=self.device)}
 
     def own_config(self):
         t = ztrain.effective_train(canonical(self.train))  # only what can change the result is hashed
@@ -192,7 +201,7 @@ class TrainBlock(Resumable, _TeacherTask):
                                                      int(self.boundary["batch_size"]))
         else:
             del model
-            source = boundary_store.BoundaryReader(self.requires().out_dir / "boundaries.h5")
+            source = boundary_store.BoundaryReader(self.requires()["cache"].out_dir / "boundaries.h5")
         with source:
             m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
@@ -240,8 +249,10 @@ class Assemble(_StudentTask):
     """Stitch the teacher's embedding, the trained blocks in order, and the teacher's final norm and
     LM head into one Hugging Face model folder (config, safetensors, tokenizer)."""
 
+    code_deps = ("zgcore.adapters", "zgcore.teacher:load", "tasks.pipeline:load_blocks")
+
     def requires(self):
-        return self.block_tasks()
+        return {"teacher": self.teacher_task(), "blocks": self.block_tasks()}
 
     def own_config(self):
         return {}
@@ -251,7 +262,7 @@ class Assemble(_StudentTask):
 
     def run(self):
         rec, (model, tok) = self.load_teacher()
-        student = assemble(model, load_blocks(model, self.requires(), "block"))
+        student = assemble(model, load_blocks(model, self.requires()["blocks"], "block"))
         with self.building() as tmp:
             student.save_pretrained(tmp / "model")
             tok.save_pretrained(tmp / "model")
@@ -260,15 +271,24 @@ class Assemble(_StudentTask):
 
 class Evaluate(_StudentTask):
     """Held-out cross-entropy of the teacher, the untrained student and the assembled student;
-    writes ``report.json`` and ``report.md``."""
+    writes ``report.json`` and ``report.md`` (assembled by :mod:`zgcore.report`)."""
+
+    code_deps = ("zgcore.metrics", "zgcore.report", "zgcore.markdown", "zgcore.plots", "zgcore.adapters",
+                 "zgcore.teacher:load", "tasks.pipeline:load_blocks")
 
     eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
 
     def requires(self):
-        return {"assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                     outputs=self.outputs, device=self.device),
-                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+        req = {"teacher": self.teacher_task(),
+               "assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                                    outputs=self.outputs, device=self.device),
+               "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs),
+               "blocks": self.block_tasks()}  # metrics.json, init/block weights and loss logs are read here
+        if any(t["targets"] == "cached" for t in self.blocks):  # its manifest feeds the cache economics
+            req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
+                                           outputs=self.outputs, device=self.device)
+        return req
 
     def own_config(self):
         return {"eval": self.eval}
@@ -276,91 +296,40 @@ class Evaluate(_StudentTask):
     def label(self):
         return "report"
 
-    def economics(self, teacher, tokens, blocks: list[dict]) -> dict | None:
-        """Cache economics from measured times: the cache build (manifest), each block job's wall
-        time, and — for the mode a block did not run in — the job projected from its measured
-        compute time plus (online) the teacher time per batch timed here, or (cached) the
-        measured data time of reading a batch from the store."""
-        import numpy as np
-        import torch
-        from zgcore.adapters import capture_boundaries
-
-        manifest_path = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
-                                        outputs=self.outputs).out_dir / "manifest.json"
-        if not manifest_path.is_file():
-            return None
-        man = json.loads(manifest_path.read_text())
-        n_seq = man["n_train"] + man["n_val"]
-        jobs = []
-        timed: dict[tuple[int, int], float] = {}
-        for b in blocks:
-            bsz = int(self.blocks[b["block"]]["batch_size"])
-            key = (b["end"], bsz)
-            if key not in timed:
-                ids = torch.as_tensor(np.resize(tokens, (bsz, tokens.shape[1])), dtype=torch.long, device=self.device)
-                capture_boundaries(teacher, ids, [b["start"], b["end"]])  # warm-up
-                t0 = time.perf_counter()
-                for _ in range(2):
-                    capture_boundaries(teacher, ids, [b["start"], b["end"]])
-                timed[key] = (time.perf_counter() - t0) / 2
-            if b["targets"] == "online":
-                online, teacher_s = b["seconds"], b["teacher_seconds"]
-                cached = b["compute_seconds"] + b["data_seconds"] - teacher_s  # no measured read time: a lower bound
-            else:
-                cached, teacher_s = b["seconds"], b["steps"] * timed[key]
-                online = b["compute_seconds"] + teacher_s
-            jobs.append({"block": b["block"], "cached_seconds": cached, "online_seconds": online,
-                         "data_seconds": b["data_seconds"], "compute_seconds": b["compute_seconds"],
-                         "online_teacher_seconds": teacher_s, "steps": b["steps"], "measured": b["targets"]})
-        econ = metrics.cache_economics(man["build_seconds"], man["bytes"], jobs)
-        econ["build_seconds_per_sequence"] = man["build_seconds"] / n_seq
-        econ["method"] = ("Each job's time in the mode it ran in is measured; the other mode is projected from its "
-                          "measured compute time plus the teacher's forward time per batch up to the block's output "
-                          "boundary, timed in this task.")
-        return econ
-
     def run(self):
         import torch
         from transformers import AutoModelForCausalLM
 
+        req = self.requires()
         rec, (teacher, tok) = self.load_teacher()
-        val = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "val")
+        val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
         if int(self.eval["max_sequences"]):
             val = val[: int(self.eval["max_sequences"])]
-        bsz = int(self.eval["batch_size"])
-        block_tasks = self.block_tasks()
-        model_dir = self.requires()["assemble"].out_dir / "model"
+        model_dir = req["assemble"].out_dir / "model"
         student = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
-        untrained = assemble(teacher, load_blocks(teacher, block_tasks, "init"))
-        ce, cu = {}, {}
-        n_ctx = min(int(self.eval["context_sequences"]), len(val))
+        untrained = assemble(teacher, load_blocks(teacher, req["blocks"], "init"))
         models = (("teacher", teacher), ("untrained", untrained), ("student", student))
-        for i, (key, m) in enumerate(models):
-            self.progress(i, 3, f"held-out CE and context use: {key}")
-            ce[key] = metrics.cross_entropy(m, val, bsz, desc=f"CE {key}")
-            if n_ctx:
-                cu[key] = metrics.context_use(m, val[:n_ctx], int(self.eval["context_window"]))
+        ce, cu = metrics.held_out(models, val, self.eval, self.progress)
         ids = tok("The", return_tensors="pt").input_ids.to(self.device)
         sample = tok.decode(student.generate(ids, max_new_tokens=24, do_sample=False)[0], skip_special_tokens=True)
-        blocks = [json.loads((t.out_dir / "metrics.json").read_text()) for t in block_tasks]
-        n_layers = lambda m: m.config.num_hidden_layers if hasattr(m.config, "num_hidden_layers") else m.config.n_layer
-        report = {"name": self.name, "teacher": self.teacher, "boundaries": [b["start"] for b in blocks] + [blocks[-1]["end"]],
-                  "seq_len": int(val.shape[1]), "val_sequences": int(len(val)), "val_tokens": int(val.size),
-                  "cross_entropy": ce, "perplexity": {k: metrics.perplexity(v) for k, v in ce.items()},
-                  "gap_recovered": metrics.gap_recovered(ce["untrained"], ce["student"], ce["teacher"]),
-                  "layers": {"teacher": n_layers(teacher), "untrained": n_layers(untrained), "student": n_layers(student)},
-                  "blocks": blocks, "model_dir": str(model_dir), "sample": sample,
-                  "context_use": cu, "context_window": int(self.eval["context_window"]), "context_sequences": n_ctx}
-        report["gates"] = metrics.gates(report, float(self.eval["gate_gap"]), float(self.eval["gate_context"]))
-        report["economics"] = self.economics(teacher, val, blocks)
+        blocks = [json.loads((t.out_dir / "metrics.json").read_text()) for t in req["blocks"]]
+        bounds = [b["start"] for b in blocks] + [blocks[-1]["end"]]
         n_shift = min(int(self.eval["context_sequences"]) or 4, len(val))
-        report["shift"] = metrics.boundary_shift(teacher, load_blocks(teacher, block_tasks, "block"),
-                                                 report["boundaries"], val[:n_shift])
+        report = zreport.experiment_report(
+            {"name": self.name, "teacher": self.teacher, "boundaries": bounds, "seq_len": int(val.shape[1]),
+             "val_sequences": int(len(val)), "val_tokens": int(val.size), "cross_entropy": ce,
+             "layers": {k: m.config.get_text_config().num_hidden_layers for k, m in models},
+             "blocks": blocks, "model_dir": str(model_dir), "sample": sample, "context_use": cu,
+             "context_window": int(self.eval["context_window"]), "context_sequences": min(int(self.eval["context_sequences"]), len(val)),
+             "shift": metrics.boundary_shift(teacher, load_blocks(teacher, req["blocks"], "block"), bounds, val[:n_shift])},
+            self.eval)
+        if "cache" in req:
+            manifest = json.loads((req["cache"].out_dir / "manifest.json").read_text())
+            report["economics"] = zreport.economics(manifest, blocks, [t["batch_size"] for t in self.blocks],
+                                                    lambda s, e, b: metrics.teacher_forward_seconds(teacher, val, s, e, b))
         with self.building() as tmp:
             write_json(tmp / "report.json", report)
-            write_text(tmp / "report.md", metrics.report_markdown(report))
-            plots.loss_curves([(f"block {t.block}", t.out_dir / "loss_log.csv") for t in block_tasks], tmp / "loss_curves.png")
+            write_text(tmp / "report.md", zreport.report_markdown(report))
+            plots.loss_curves([(f"block {t.block}", t.out_dir / "loss_log.csv") for t in req["blocks"]], tmp / "loss_curves.png")
             plots.drift(report["shift"], tmp / "drift.png")
-        print(f"\nReport: {self.out_dir / 'report.md'}\n"
-              f"held-out CE (nats/token): teacher {ce['teacher']:.4f} | untrained student {ce['untrained']:.4f} | "
-              f"assembled student {ce['student']:.4f} | gap recovered {100 * report['gap_recovered']:.1f}%", flush=True)
+        print(f"\nReport: {self.out_dir / 'report.md'}\n{zreport.summary_line(report)}", flush=True)

@@ -9,11 +9,12 @@ from zgcore import plots, study
 from zgcore.atomic import write_json, write_text
 
 from .base import HIDDEN, ZGTask
-from .pipeline import Evaluate, TrainBlock
+from .pipeline import Evaluate
 
 
 class _ManyEvaluations(ZGTask):
     uses_device = False  # reads the Evaluate reports only
+    code_deps = ("zgcore.study", "zgcore.report", "zgcore.markdown")
     teacher = luigi.Parameter()
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
@@ -56,19 +57,21 @@ class ObjectiveStudyReport(_ManyEvaluations):
     """One comparison report over the study's arms ({clean, noisy, denoise} x {cached, online} x seeds)."""
 
     arms = luigi.ListParameter(visibility=HIDDEN, description="[{objective, targets, seed, blocks}]")
+    code_deps = _ManyEvaluations.code_deps + ("zgcore.plots:arms",)
 
     def requires(self):
-        return [self.evaluate(a["blocks"]) for a in self.arms]
+        evals = [self.evaluate(a["blocks"]) for a in self.arms]
+        # each arm's block weights are compared byte for byte here
+        return {"evaluations": evals, "blocks": [e.block_tasks() for e in evals]}
 
     def label(self):
         return "objective-study"
 
     def run(self):
         seeds = {a["seed"] for a in self.arms}
+        req = self.requires()
         arms = []
-        for a, ev in zip(self.arms, self.requires()):
-            blocks = [TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=i, train=t,
-                                 outputs=self.outputs) for i, t in enumerate(a["blocks"])]
+        for a, ev, blocks in zip(self.arms, req["evaluations"], req["blocks"]):
             arms.append({"objective": a["objective"], "targets": a["targets"], "seed": a["seed"], "multi_seed": len(seeds) > 1,
                          "report": json.loads((ev.out_dir / "report.json").read_text()),
                          "block_files": [b.out_dir / "block.safetensors" for b in blocks]})

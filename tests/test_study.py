@@ -21,6 +21,11 @@ def test_seeds_share_the_cache_and_summarise(tmp_path, run_graph):
     assert ces[0] != ces[1]  # different seeds, different students
     assert summary["aggregate"]["ce_student"]["mean"] == pytest.approx(sum(ces) / 2)
     assert "± " in (root.out_dir / "report.md").read_text()
+    # complete means whole: a SeedSummary missing a file is rebuilt, nothing upstream of it
+    (root.out_dir / "report.md").unlink()
+    ok, ran = run_graph(RunExperiment(preset="", set=cfg, outputs=str(tmp_path)))
+    assert ok and [f for f, _ in ran if f != "RunExperiment"] == ["SeedSummary"]
+    assert "plumbing checks" in (root.out_dir / "report.md").read_text()  # tiny-llama is a random teacher
 
 
 def test_objective_study_six_arms(tmp_path, run_graph):
@@ -37,3 +42,10 @@ def test_objective_study_six_arms(tmp_path, run_graph):
     assert (root.out_dir / "arms.png").stat().st_size > 1000
     den = next(r for r in rep["rows"] if r["arm"] == "denoise/cached")
     assert all(x > 0 for x in den["local_reduction"])  # denoising error went down in every block
+    # complete means whole: one block file cut short rebuilds that block and what reads it, the study report too
+    blk = next(tmp_path.glob("TrainBlock/block1-denoise-online-*/block.safetensors"))
+    blk.write_bytes(blk.read_bytes()[:-4])
+    ok, ran = run_graph(ObjectiveStudy(preset="", set=cfg, outputs=str(tmp_path)))
+    assert ok and sorted(f for f, _ in ran if f != "ObjectiveStudy") == ["Assemble", "Evaluate", "ObjectiveStudyReport",
+                                                                       "TrainBlock"]
+    assert json.loads((root.out_dir / "report.json").read_text())["identical"]["denoise/s0"] is True

@@ -1,10 +1,33 @@
-"""Top-level Luigi wrapper tasks: ``luigi --module workflows RunExperiment --local-scheduler``."""
+"""Top-level Luigi wrapper tasks: ``luigi --module workflows RunExperiment --local-scheduler``.
+
+Importing this package (which ``luigi --module workflows`` does before it reads its exit codes)
+sets Luigi's ``[retcode]`` values that the user's Luigi config leaves unset, so a failed run exits
+non-zero from whatever folder it is started in, not only where the repository's ``luigi.cfg`` is read.
+"""
 from __future__ import annotations
 
 import luigi
+import luigi.configuration
 
-from .experiment import ConfiguredWorkflow, build_experiment, build_study, load_config
+from .experiment import CONFIG_ERROR_EXIT, ConfiguredWorkflow, build_experiment, build_study, load_config
 from .local import LocalLearningStudy
+
+# Luigi's own default for every one of these is 0 ("a failed task exits 0"). Same values as luigi.cfg.
+RETCODES = {"already_running": 10, "missing_data": 20, "not_run": 25, "task_failed": 30, "scheduling_error": 35,
+            "unhandled_exception": 40}
+
+
+def set_default_retcodes(config=None) -> None:
+    """Write :data:`RETCODES` into Luigi's configuration where it has no value of its own."""
+    config = config if config is not None else luigi.configuration.get_config()
+    if not config.has_section("retcode"):
+        config.add_section("retcode")
+    for key, code in RETCODES.items():
+        if not config.has_option("retcode", key):
+            config.set("retcode", key, str(code))
+
+
+set_default_retcodes()
 
 
 class RunExperiment(ConfiguredWorkflow):
@@ -16,7 +39,8 @@ class RunExperiment(ConfiguredWorkflow):
         preset: a named preset from ``workflows/presets`` (``default``, ``tiny``, ``smoke``).
         outputs: root folder of run artifacts.
 
-    Raises ``zgcore.config.ConfigError`` at construction — before any task runs — on bad input.
+    Bad input fails at construction — before any task runs — with one ``error:`` line and exit
+    code ``CONFIG_ERROR_EXIT`` (2).
     """
 
     preset = luigi.Parameter(default="default", description="preset in workflows/presets")
@@ -42,4 +66,5 @@ class ObjectiveStudy(RunExperiment):
         return build_study(self.cfg, self.outputs)
 
 
-__all__ = ["RunExperiment", "ObjectiveStudy", "LocalLearningStudy", "build_experiment", "build_study", "load_config"]
+__all__ = ["RunExperiment", "ObjectiveStudy", "LocalLearningStudy", "build_experiment", "build_study", "load_config",
+           "CONFIG_ERROR_EXIT", "RETCODES"]

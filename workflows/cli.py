@@ -1,13 +1,14 @@
 """``zerograph``: what Luigi's own CLI does not give — each task's state, and an experiment's report."""
 from __future__ import annotations
 
+import shlex
+
 import typer
 from luigi.task import flatten
 
 from tasks import ZGTask
-from zgcore.config import ConfigError
 
-from .experiment import build_experiment, load_config
+from .experiment import build_experiment, load_config, or_exit
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="ZeroGraph: inspect experiments built with `luigi --module workflows RunExperiment`.")
@@ -42,17 +43,25 @@ def task_state(t: ZGTask) -> str:
 
 
 def _graph(config, set_, preset, outputs):
-    try:
-        return build_experiment(load_config(config, set_, preset), outputs)
-    except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+    """The experiment's root task; a configuration error prints one line and exits
+    ``CONFIG_ERROR_EXIT`` (2)."""
+    return or_exit(lambda: build_experiment(load_config(config, set_, preset), outputs))
+
+
+def run_command(config: str, set_: str, preset: str, outputs: str) -> str:
+    """The `luigi` command that builds this experiment, with the options the user gave."""
+    args = [".venv/bin/luigi", "--module", "workflows", "RunExperiment", "--local-scheduler"]
+    for flag, value, default in (("--preset", preset, "default"), ("--config", config, ""), ("--set", set_, ""),
+                                 ("--outputs", outputs, "outputs")):
+        if value != default:
+            args += [flag, value]
+    return shlex.join(args)
 
 
 @app.command()
 def status(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt):
     """Each task of an experiment: done, missing, or stale. Exits 0 when every task is done, else 1
-    (so a script can check a run that several workers shared)."""
+    (so a script can check a run that several workers shared); 2 on a configuration error."""
     tasks = walk(_graph(config, set, preset, outputs))
     width = max(len(f"{t.get_task_family()} {t.label()}") for t in tasks)
     states = [task_state(t) for t in tasks]
@@ -60,17 +69,19 @@ def status(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, 
         name = f"{t.get_task_family()} {t.label()}"
         typer.echo(f"{name:<{width}}  {state:<7}  {t.out_dir}")
     if any(s != "done" for s in states):
+        typer.echo(f"not all done; run: {run_command(config, set, preset, outputs)}", err=True)
         raise typer.Exit(1)
 
 
 @app.command()
 def report(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
            as_json: bool = typer.Option(False, "--json", help="print report.json instead of report.md")):
-    """Print an experiment's report (exit 1 if it has not been built)."""
+    """Print an experiment's report (exit 1 if it has not been built, with the command that builds
+    it; 2 on a configuration error)."""
     ev = _graph(config, set, preset, outputs)
     path = ev.out_dir / ("report.json" if as_json else "report.md")
     if not path.is_file():
-        typer.echo(f"no report yet at {path}; run: luigi --module workflows RunExperiment --local-scheduler", err=True)
+        typer.echo(f"no report yet at {path}; run: {run_command(config, set, preset, outputs)}", err=True)
         raise typer.Exit(1)
     typer.echo(path.read_text())
 

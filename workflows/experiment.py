@@ -1,10 +1,14 @@
 """Build an experiment's task graph from its configuration, validating it first."""
 from __future__ import annotations
 
+import os
+import sys
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import luigi
+from luigi.cmdline_parser import CmdlineParser
 
 from tasks import Evaluate, ObjectiveStudyReport, SeedSummary, ZGTask
 from zgcore import config as zconfig
@@ -13,6 +17,26 @@ from zgcore.teacher import describe
 PRESETS = Path(__file__).parent / "presets"
 STUDY_OBJECTIVES = ("clean", "noisy", "denoise")
 STUDY_TARGETS = ("cached", "online")
+# Exit code of every configuration error (`luigi --module workflows ...` and `zerograph`): nothing ran.
+# Distinct from `zerograph status`'s 1 (not all done) and from Luigi's retcodes (10-40, luigi.cfg).
+CONFIG_ERROR_EXIT = 2
+TRACEBACK_ENV = "ZG_TRACEBACK"  # set to 1 to see the traceback of a configuration error
+T = TypeVar("T")
+
+
+def or_exit(make: Callable[[], T]) -> T:
+    """``make()``, or — on :class:`zgcore.config.ConfigError` — print ``error: <what to fix>`` on
+    stderr and exit with :data:`CONFIG_ERROR_EXIT` (the traceback too when ``ZG_TRACEBACK=1``).
+
+    Luigi builds the workflow task while it parses the command line and turns any exception into
+    a 30-70 line traceback and exit 40; a configuration error is the user's to fix, not a crash."""
+    try:
+        return make()
+    except zconfig.ConfigError as e:
+        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            traceback.print_exc()
+        print(f"error: {e}\n(nothing ran; {TRACEBACK_ENV}=1 shows the traceback)", file=sys.stderr, flush=True)
+        sys.exit(CONFIG_ERROR_EXIT)
 
 
 def load_preset(preset: str, pattern: str = "*.toml") -> dict[str, Any]:
@@ -33,7 +57,9 @@ def load_preset(preset: str, pattern: str = "*.toml") -> dict[str, Any]:
 class ConfiguredWorkflow(luigi.WrapperTask):
     """Base of the top-level workflows: a preset, an optional file and overrides resolve to
     ``self.cfg`` at construction — before any task runs — so bad input fails at once with
-    ``zgcore.config.ConfigError``. Subclasses set the ``preset`` default and :meth:`resolve`."""
+    :class:`zgcore.config.ConfigError`; on the ``luigi`` command line it prints one ``error:`` line
+    and exits :data:`CONFIG_ERROR_EXIT` instead (see :func:`or_exit`). Subclasses set the
+    ``preset`` default and :meth:`resolve`."""
 
     config = luigi.Parameter(default="", description="experiment file (.toml/.yaml)")
     set = luigi.Parameter(default="", description='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"')
@@ -41,7 +67,9 @@ class ConfiguredWorkflow(luigi.WrapperTask):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.cfg = self.resolve()
+        # On the `luigi` command line (Luigi builds this task while parsing it) a configuration error
+        # is one line and exit 2; built from Python (luigi.build, tests) it raises ConfigError.
+        self.cfg = or_exit(self.resolve) if CmdlineParser.get_instance() is not None else self.resolve()
 
     def resolve(self) -> dict[str, Any]:
         """The resolved, validated configuration of this workflow."""

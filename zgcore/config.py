@@ -213,6 +213,13 @@ def _positive_int(where: str, v: Any, zero_ok: bool = False) -> None:
         raise ConfigError(f"{where} must be a {'non-negative' if zero_ok else 'positive'} integer, got {v!r}")
 
 
+def _number(where: str, v: Any) -> float:
+    """``v`` as a float, or a :class:`ConfigError` naming ``where`` (e.g. ``train.lr=abc``)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(f"{where} must be a number, got {v!r}")
+    return float(v)
+
+
 def _validate_static(cfg: dict[str, Any]) -> None:
     import torch
 
@@ -251,8 +258,7 @@ def _validate_static(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"eval.context_window={e['context_window']} must be at most half of corpus.seq_len "
                           f"({int(c['seq_len']) // 2}): context use compares the second half of each sequence")
     for k in ("gate_gap", "gate_context"):
-        if not isinstance(e[k], (int, float)) or isinstance(e[k], bool):
-            raise ConfigError(f"eval.{k} must be a number, got {e[k]!r}")
+        _number(f"eval.{k}", e[k])
 
 
 def validate_corpus(c: Mapping[str, Any]) -> None:
@@ -260,7 +266,7 @@ def validate_corpus(c: Mapping[str, Any]) -> None:
     _positive_int("corpus.seq_len", c["seq_len"])
     if c["seq_len"] < 2:
         raise ConfigError("corpus.seq_len must be at least 2 (one prediction needs two tokens)")
-    if not (0 < float(c["val_fraction"]) < 1):
+    if not (0 < _number("corpus.val_fraction", c["val_fraction"]) < 1):
         raise ConfigError(f"corpus.val_fraction must be in (0, 1), got {c['val_fraction']!r}")
     _positive_int("corpus.max_tokens", c["max_tokens"], zero_ok=True)
     corpus_files(c)  # raises on missing or empty files
@@ -284,6 +290,8 @@ def validate_train(t: Mapping[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: init must be one of {INITS}, got {t['init']!r}")
     if t["n_layers"] is not None:
         _positive_int(f"{where}: n_layers", t["n_layers"])
+    for k in ("keep_fraction", "lr", "epochs", "weight_decay", "grad_clip"):
+        _number(f"{where}: {k}", t[k])
     if not (0 < float(t["keep_fraction"]) <= 1):
         raise ConfigError(f"{where}: keep_fraction must be in (0, 1], got {t['keep_fraction']!r}")
     if not float(t["lr"]) > 0:

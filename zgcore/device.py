@@ -19,6 +19,14 @@ def resolve(device: str) -> torch.device:
     return dev
 
 
+def precision(device: torch.device | str) -> str:
+    """The compute precision a task runs at on ``device``: ``"bf16-autocast"`` on CUDA (see
+    :func:`autocast`), ``"float32"`` elsewhere. Part of every device task's hash: results computed
+    at another precision never share an output name or a checkpoint. Parses the string only; CUDA
+    is not initialised."""
+    return "bf16-autocast" if torch.device(device).type == "cuda" else "float32"
+
+
 def autocast(device: torch.device | str):
     """bf16 autocast on CUDA; a no-op context on CPU (CPU runs stay float32 and bit-reproducible)."""
     dev = torch.device(device)

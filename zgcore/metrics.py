@@ -1,8 +1,10 @@
-"""Held-out metrics: cross-entropy (nats/token), perplexity, and the share of a gap recovered."""
+"""Measurement on held-out data: cross-entropy (nats/token), context use, boundary shift, and the
+teacher's forward time per batch. What the figures mean together (gap recovered, gates, economics,
+markdown) is :mod:`zgcore.report`'s."""
 from __future__ import annotations
 
-import math
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -99,59 +101,6 @@ def context_use(model: torch.nn.Module, tokens: np.ndarray, window: int = 16, ba
     return {"full": full, "window": windowed, "context_use": windowed - full}
 
 
-def gates(report: dict[str, Any], gap_threshold: float = 0.8, context_threshold: float = 0.8) -> dict[str, Any]:
-    """Pass/fail quality gates, each with its threshold and measured value.
-
-    * ``quality``: the assembled student recovers at least ``gap_threshold`` of the held-out CE
-      gap between the untrained student and the teacher.
-    * ``context``: the student's context use is positive and at least ``context_threshold`` times
-      the teacher's.
-
-    ``report`` needs ``gap_recovered`` and ``context_use`` (``{"teacher": {"context_use": ..}, "student": ..}``).
-    Source: ZeroGraph (arXiv:2611.02200), quality and context-use gates.
-    """
-    g = report["gap_recovered"]
-    out = {"quality": {"value": g, "threshold": gap_threshold, "passed": bool(g >= gap_threshold)}}
-    cu = report.get("context_use")
-    if cu:
-        s, t = cu["student"]["context_use"], cu["teacher"]["context_use"]
-        ratio = s / t if t else float("nan")
-        out["context"] = {"value": ratio, "student": s, "teacher": t, "threshold": context_threshold,
-                          "passed": bool(s > 0 and t > 0 and s >= context_threshold * t)}
-    return out
-
-
-def cache_economics(build_seconds: float, build_bytes: int, jobs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Cache economics: what materialising the teacher's boundaries cost and when it pays off.
-
-    Args:
-        build_seconds: wall time of the cache build (s). build_bytes: its size on disk (bytes).
-        jobs: one dict per TrainBlock with ``cached_seconds`` (wall time of the job with cached
-            targets) and ``online_seconds`` (the same job with online targets), both in s.
-
-    Returns:
-        ``per_job`` (the jobs with their saving), ``experiment_cached_seconds`` /
-        ``experiment_online_seconds`` (all jobs once; cached includes the build),
-        ``break_even_reuses``: the smallest number N of full experiments (each running every job
-        once) for which ``build + N * sum(cached) < N * sum(online)`` — None if online is never
-        slower — and ``break_even_jobs``, the same count in single average jobs.
-
-    Source: ZeroGraph (arXiv:2611.02200) reports a 618.31 s build with no break-even through 16 reuses.
-    """
-    cached = sum(j["cached_seconds"] for j in jobs)
-    online = sum(j["online_seconds"] for j in jobs)
-    saving = online - cached
-    out = {"build_seconds": build_seconds, "build_bytes": build_bytes,
-           "per_job": [{**j, "saving_seconds": j["online_seconds"] - j["cached_seconds"]} for j in jobs],
-           "experiment_cached_seconds": build_seconds + cached, "experiment_online_seconds": online,
-           "break_even_reuses": None, "break_even_jobs": None}
-    if saving > 0:
-        out["break_even_reuses"] = math.floor(build_seconds / saving) + 1
-        per_job = saving / len(jobs)
-        out["break_even_jobs"] = math.floor(build_seconds / per_job) + 1
-    return out
-
-
 @torch.no_grad()
 def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int], tokens: np.ndarray,
                    scales: tuple[float, ...] = (0.05, 0.2, 0.5), seed: int = 0) -> dict[str, Any]:
@@ -205,86 +154,42 @@ def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int]
     return {"blocks": rows, "drift": drift, "scales": list(scales), "massive": massive}
 
 
-def perplexity(ce_nats: float) -> float:
-    """``exp(cross-entropy)``; cross-entropy in nats/token."""
-    return math.exp(ce_nats)
+def held_out(models: Sequence[tuple[str, torch.nn.Module]], tokens: np.ndarray, eval_cfg: Mapping[str, Any],
+             progress: Callable[[int, int, str], None] | None = None) -> tuple[dict[str, float], dict[str, dict]]:
+    """Held-out cross-entropy and context use of each model.
+
+    Args:
+        models: ``(key, causal LM)`` pairs. tokens: held-out ids ``[n, seq_len]``.
+        eval_cfg: ``batch_size``, ``context_sequences`` (0 = no context use), ``context_window``.
+        progress: called as ``progress(i, len(models), message)`` before each model.
+
+    Returns:
+        ``({key: CE nats/token}, {key: context_use dict})`` (see :func:`context_use`).
+    """
+    ce, cu = {}, {}
+    n_ctx = min(int(eval_cfg["context_sequences"]), len(tokens))
+    for i, (key, m) in enumerate(models):
+        if progress:
+            progress(i, len(models), f"held-out CE and context use: {key}")
+        ce[key] = cross_entropy(m, tokens, int(eval_cfg["batch_size"]), desc=f"CE {key}")
+        if n_ctx:
+            cu[key] = context_use(m, tokens[:n_ctx], int(eval_cfg["context_window"]))
+    return ce, cu
 
 
-def gap_recovered(ce_untrained: float, ce_student: float, ce_teacher: float) -> float:
-    """Share of the held-out CE gap between the untrained student and the teacher that training
-    closed: ``(ce_untrained - ce_student) / (ce_untrained - ce_teacher)``; 1.0 = teacher-level.
-    NaN when the gap is zero."""
-    gap = ce_untrained - ce_teacher
-    return (ce_untrained - ce_student) / gap if gap != 0 else float("nan")
+@torch.no_grad()
+def teacher_forward_seconds(teacher: torch.nn.Module, tokens: np.ndarray, start: int, end: int, batch_size: int,
+                            repeats: int = 2) -> float:
+    """Wall time (s) of the teacher's forward over one batch of ``batch_size`` sequences, capturing
+    boundaries ``start`` and ``end`` (what an online-target training step pays per batch): one
+    warm-up, then the mean of ``repeats`` timed calls. ``tokens``: ``[n, seq_len]`` ids, repeated
+    to fill the batch when ``n < batch_size``."""
+    from .adapters import capture_boundaries
 
-
-def report_markdown(report: dict[str, Any]) -> str:
-    """Render the main experiment report as Markdown."""
-    ce = report["cross_entropy"]
-    lines = [f"# ZeroGraph report — {report['name']}", "",
-             f"Teacher: `{report['teacher']}`; boundaries {report['boundaries']}; "
-             f"{report['val_tokens']} held-out tokens ({report['val_sequences']} sequences x {report['seq_len']}).", "",
-             "| model | layers | held-out CE (nats/token) | perplexity |", "|---|---|---|---|"]
-    for key, label in (("teacher", "teacher"), ("untrained", "untrained student"), ("student", "assembled student")):
-        lines.append(f"| {label} | {report['layers'][key]} | {ce[key]:.4f} | {perplexity(ce[key]):.2f} |")
-    lines += ["", f"Gap recovered by training: **{100 * report['gap_recovered']:.1f}%** "
-              "of the held-out CE gap between the untrained student and the teacher.", ""]
-    cu = report.get("context_use")
-    if cu:
-        lines += [f"## Context use (W = {report['context_window']} tokens, {report['context_sequences']} sequences)", "",
-                  "CE on the second half of each sequence with only the last W tokens visible, minus the same with full "
-                  "context (nats/token; positive = the model uses its context).", "",
-                  "| model | CE full context | CE last W tokens | context use |", "|---|---|---|---|"]
-        for key, label in (("teacher", "teacher"), ("untrained", "untrained student"), ("student", "assembled student")):
-            c = cu[key]
-            lines.append(f"| {label} | {c['full']:.4f} | {c['window']:.4f} | {c['context_use']:+.4f} |")
-        lines.append("")
-    econ = report.get("economics")
-    if econ:
-        be = econ["break_even_reuses"]
-        lines += ["## Cache economics", "",
-                  f"Cache build: {econ['build_seconds']:.1f} s, {econ['build_bytes'] / 2**20:.1f} MiB "
-                  f"({econ['build_seconds_per_sequence'] * 1000:.0f} ms/sequence through all {report['layers']['teacher']} teacher layers).", "",
-                  "| block | cached job (s) | of which data (s) | compute (s) | online job (s) | online teacher (s) | saving (s) |",
-                  "|---|---|---|---|---|---|---|"]
-        for j in econ["per_job"]:
-            lines.append(f"| {j['block']} | {j['cached_seconds']:.1f} | {j['data_seconds']:.1f} | {j['compute_seconds']:.1f} | "
-                         f"{j['online_seconds']:.1f} | {j['online_teacher_seconds']:.1f} | {j['saving_seconds']:.1f} |")
-        lines += ["", f"One experiment: cached {econ['experiment_cached_seconds']:.1f} s (build included) vs online "
-                  f"{econ['experiment_online_seconds']:.1f} s. Break-even: "
-                  + (f"**{be} experiment(s)** ({econ['break_even_jobs']} average block jobs)" if be else "never (online is not slower)")
-                  + f". {econ['method']}", ""]
-    shift = report.get("shift")
-    if shift:
-        lines += ["## Boundary shift", "",
-                  "Each block's output error (channel-normalised MSE vs the teacher's next boundary) on the teacher's "
-                  "inputs, on the inputs the assembled student actually feeds it, and on noisy teacher inputs.", "",
-                  "| block | teacher input | student-chain input | " + " | ".join(f"noise {s}" for s in shift["scales"]) + " |",
-                  "|---|---|---|" + "---|" * len(shift["scales"])]
-        for r in shift["blocks"]:
-            lines.append(f"| {r['block']} | {r['teacher_input']:.4f} | {r['student_input']:.4f} | "
-                         + " | ".join(f"{r['noisy_input'][str(s)]:.4f}" for s in shift["scales"]) + " |")
-        if shift.get("massive"):
-            lines += ["", "Massive activations in the teacher's residual stream (why the loss is normalised per channel and "
-                      "per position): " + "; ".join(f"b{m['boundary']}: sink/other norm {m['sink_norm_ratio']:.1f}x, "
-                                                     f"top channel {m['top_channel_ratio']:.1f}x median"
-                                                     for m in shift["massive"]) + "."]
-        lines += ["", "Drift of the assembled student's residual stream from the teacher's: "
-                  + ", ".join(f"b{d['boundary']}: {d['relative_error']:.4f}" for d in shift["drift"]), "",
-                  "![drift](drift.png) ![loss curves](loss_curves.png)", ""]
-    if report.get("gates"):
-        lines += ["## Gates", "", "| gate | value | threshold | result |", "|---|---|---|---|"]
-        for name, g in report["gates"].items():
-            desc = ("share of CE gap recovered" if name == "quality" else "student / teacher context use")
-            lines.append(f"| {name} ({desc}) | {g['value']:.3f} | {g['threshold']} | {'PASS' if g['passed'] else 'FAIL'} |")
-        lines.append("")
-    lines += [
-              "## Blocks", "", "| block | teacher layers | student layers (from teacher) | objective | steps | first loss | final loss | seconds |",
-              "|---|---|---|---|---|---|---|---|"]
-    for b in report["blocks"]:
-        lines.append(f"| {b['block']} | [{b['start']}, {b['end']}) | {b['kept']} | {b['objective']} | {b['steps']} | "
-                     f"{b['first_loss']:.4f} | {b['final_loss']:.4f} | {b['seconds']:.1f} |")
-    lines += ["", f"Assembled model: `{report['model_dir']}` (loads with `AutoModelForCausalLM.from_pretrained`).", ""]
-    if report.get("sample"):
-        lines += ["## Sample", "", "```", report["sample"], "```", ""]
-    return "\n".join(lines)
+    device = next(teacher.parameters()).device
+    ids = torch.as_tensor(np.resize(tokens, (batch_size, tokens.shape[1])), dtype=torch.long, device=device)
+    capture_boundaries(teacher, ids, [start, end])  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        capture_boundaries(teacher, ids, [start, end])
+    return (time.perf_counter() - t0) / repeats

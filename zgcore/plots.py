@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 from typing import Any, Sequence
 
@@ -49,7 +50,7 @@ def arms(rows: Sequence[dict[str, Any]], path: str | os.PathLike, metric: str = 
          label: str = "held-out CE (nats/token)", teacher: float | None = None) -> None:
     """Bar chart of one metric per study arm (``rows`` with ``arm`` and ``metric`` keys)."""
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar([r["arm"] for r in rows], [r[metric] for r in rows], color="tab:blue")
+    ax.bar([r["arm"] for r in rows], [math.nan if r[metric] is None else r[metric] for r in rows], color="tab:blue")  # None: not finite
     if teacher is not None:
         ax.axhline(teacher, color="k", linestyle="--", label="teacher")
         ax.legend()

@@ -1,14 +1,16 @@
-"""Aggregating reports: several seeds of one experiment, and the six-arm objective study."""
+"""Aggregating reports: several seeds of one experiment, and the six-arm objective study.
+
+Each Evaluate report already carries its gap recovered (or why it is undefined) and its gates
+(:mod:`zgcore.report`); aggregates never average an undefined gap, and every table is built with
+:func:`zgcore.markdown.table` and :func:`zgcore.markdown.num`."""
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
-
-def _num(x) -> float:
-    """A report number read back from JSON: ``None`` (a NaN when written) becomes NaN."""
-    return float("nan") if x is None else float(x)
+from .markdown import num, table
+from .report import gap_text, gate_text
 
 
 def mean_std(xs: Sequence[float]) -> tuple[float, float]:
@@ -27,35 +29,44 @@ def seed_summary(reports: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dic
     for s, r in zip(seeds, reports):
         cu = r.get("context_use") or {}
         rows.append({"seed": s, "ce_teacher": r["cross_entropy"]["teacher"], "ce_untrained": r["cross_entropy"]["untrained"],
-                     "ce_student": r["cross_entropy"]["student"], "gap_recovered": _num(r["gap_recovered"]),
-                     "context_use_student": cu.get("student", {}).get("context_use"),
+                     "ce_student": r["cross_entropy"]["student"], "gap_recovered": r["gap_recovered"],
+                     "gap_reason": r.get("gap_reason"), "context_use_student": cu.get("student", {}).get("context_use"),
                      "gates": {k: v["passed"] for k, v in r.get("gates", {}).items()}})
-    agg = {}
+    agg, undefined = {}, {}
     for k in ("ce_student", "gap_recovered", "context_use_student"):
-        vals = [r[k] for r in rows if r[k] is not None]
-        if vals:
+        vals = [r[k] for r in rows]
+        if any(v is None for v in vals):  # a missing, non-finite or undefined figure: no mean of the rest
+            undefined[k] = f"undefined for seed(s) {[r['seed'] for r in rows if r[k] is None]}"
+        else:
             agg[k] = dict(zip(("mean", "std"), mean_std(vals)))
-    return {"seeds": list(seeds), "rows": rows, "aggregate": agg,
-            "all_gates_passed": all(all(r["gates"].values()) for r in rows)}
+    return {"seeds": list(seeds), "rows": rows, "aggregate": agg, "undefined": undefined,
+            "teacher_note": reports[0].get("teacher_note") if reports else None,
+            "all_gates_passed": all(r["gates"] and all(r["gates"].values()) for r in rows)}
 
 
 def seed_markdown(summary: dict[str, Any], name: str) -> str:
     """Render :func:`seed_summary` as Markdown."""
-    lines = [f"# ZeroGraph seeds — {name}", "", "| seed | teacher CE | untrained CE | student CE | gap recovered | context use | gates |",
-             "|---|---|---|---|---|---|---|"]
-    for r in summary["rows"]:
-        cu = "" if r["context_use_student"] is None else f"{r['context_use_student']:+.4f}"
-        g = ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in r["gates"].items())
-        lines.append(f"| {r['seed']} | {r['ce_teacher']:.4f} | {r['ce_untrained']:.4f} | {r['ce_student']:.4f} | "
-                     f"{100 * r['gap_recovered']:.1f}% | {cu} | {g} |")
-    lines += [""] + [f"- {k}: {v['mean']:.4f} ± {v['std']:.4f} (mean ± std over {len(summary['rows'])} seeds)"
-                     for k, v in summary["aggregate"].items()] + [""]
+    lines = [f"# ZeroGraph seeds — {name}", ""]
+    if summary.get("teacher_note"):
+        lines += [f"**{summary['teacher_note']}**", ""]
+    rows = [[r["seed"], num(r["ce_teacher"]), num(r["ce_untrained"]), num(r["ce_student"]),
+             gap_text(r["gap_recovered"], r.get("gap_reason")), num(r["context_use_student"], "+.4f"),
+             gate_text({k: {"passed": v} for k, v in r["gates"].items()})] for r in summary["rows"]]
+    lines += [table(["seed", "teacher CE", "untrained CE", "student CE", "gap recovered", "context use", "gates"], rows), ""]
+    lines += [f"- {k}: {num(v['mean'])} ± {num(v['std'])} (mean ± std over {len(summary['rows'])} seeds)"
+              for k, v in summary["aggregate"].items()]
+    lines += [f"- {k}: {why}" for k, why in summary.get("undefined", {}).items()] + [""]
     return "\n".join(lines)
 
 
 def files_identical(a: Sequence[Path], b: Sequence[Path]) -> bool:
     """True when the two lists of files have the same bytes pairwise (and the same length)."""
     return len(a) == len(b) and all(Path(x).read_bytes() == Path(y).read_bytes() for x, y in zip(a, b))
+
+
+def _reduction(first: float | None, final: float | None) -> float | None:
+    """``1 - final / first`` (the share of a loss removed), or ``None`` when either is missing or first is 0."""
+    return None if first is None or final is None or first == 0 else 1 - final / first
 
 
 def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -78,9 +89,10 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
         rows.append({"arm": f"{a['objective']}/{a['targets']}" + (f"/s{a['seed']}" if a.get("multi_seed") else ""),
                      "objective": a["objective"], "targets": a["targets"], "seed": a["seed"],
                      "local_final": [b["final_loss"] for b in blocks],
-                     "local_reduction": [1 - b["final_loss"] / b["first_loss"] for b in blocks],
+                     "local_reduction": [_reduction(b["first_loss"], b["final_loss"]) for b in blocks],
                      "ce_student": r["cross_entropy"]["student"], "ce_teacher": r["cross_entropy"]["teacher"],
-                     "ce_untrained": r["cross_entropy"]["untrained"], "gap_recovered": _num(r["gap_recovered"]),
+                     "ce_untrained": r["cross_entropy"]["untrained"], "gap_recovered": r["gap_recovered"],
+                     "gap_reason": r.get("gap_reason"), "teacher_note": r.get("teacher_note"),
                      "context_use": cu, "gates": {k: v["passed"] for k, v in r.get("gates", {}).items()},
                      "seconds": sum(b["seconds"] for b in blocks)})
     by_key: dict[tuple, dict[str, list]] = {}
@@ -94,20 +106,22 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def study_markdown(study: dict[str, Any]) -> str:
     """Render :func:`objective_study` as Markdown (the arms plot is linked as ``arms.png``)."""
-    lines = ["# ZeroGraph objective study", "",
-             "Arms: block objective x target source, same teacher, corpus, seeds and teacher cache. "
-             "Local objective = each block's own training loss (final value, and its reduction from step 1).", "",
-             "| arm | local loss per block (final) | local reduction | held-out CE | gap recovered | context use | gates | train s |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in study["rows"]:
-        g = ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in r["gates"].items())
-        cu = "" if r["context_use"] is None else f"{r['context_use']:+.4f}"
-        lines.append(f"| {r['arm']} | {', '.join(f'{x:.4f}' for x in r['local_final'])} | "
-                     f"{', '.join(f'{100 * x:.2f}%' for x in r['local_reduction'])} | {r['ce_student']:.4f} | "
-                     f"{100 * r['gap_recovered']:.1f}% | {cu} | {g} | {r['seconds']:.0f} |")
+    lines = ["# ZeroGraph objective study", ""]
+    note = next((r["teacher_note"] for r in study["rows"] if r.get("teacher_note")), None)
+    if note:
+        lines += [f"**{note}**", ""]
+    rows = [[r["arm"], ", ".join(num(x) for x in r["local_final"]), ", ".join(num(x, ".2%") for x in r["local_reduction"]),
+             num(r["ce_student"]), gap_text(r["gap_recovered"]), num(r["context_use"], "+.4f"),
+             gate_text({k: {"passed": v} for k, v in r["gates"].items()}), num(r["seconds"], ".0f")] for r in study["rows"]]
+    lines += ["Arms: block objective x target source, same teacher, corpus, seeds and teacher cache. "
+              "Local objective = each block's own training loss (final value, and its reduction from step 1).", "",
+              table(["arm", "local loss per block (final)", "local reduction", "held-out CE", "gap recovered", "context use",
+                     "gates", "train s"], rows)]
     if study["rows"]:
         r0 = study["rows"][0]
-        lines += ["", f"Teacher held-out CE {r0['ce_teacher']:.4f}; untrained student {r0['ce_untrained']:.4f} nats/token."]
+        lines += ["", f"Teacher held-out CE {num(r0['ce_teacher'])}; untrained student {num(r0['ce_untrained'])} nats/token."]
+        if r0["gap_recovered"] is None and r0.get("gap_reason"):
+            lines += ["", f"Gap recovered is undefined: {r0['gap_reason']}."]
     lines += ["", "Cached vs online block weights, byte for byte:", ""]
     lines += [f"- {k}: {'identical' if v else 'DIFFERENT'}" for k, v in study["identical"].items()]
     lines += ["", "![arms](arms.png)", ""]

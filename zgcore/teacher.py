@@ -61,7 +61,8 @@ def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
     """Check a teacher spec cheaply (config only, no weights) and return its :class:`TeacherInfo`.
 
     Raises:
-        ConfigError: the teacher cannot be found, or its architecture is not supported.
+        ConfigError: the teacher cannot be found, its architecture is not supported, or a local
+            folder lacks weights or a tokenizer (naming what is missing).
     """
     if spec == "smollm2-135m":
         return TeacherInfo(spec, "llama", 30, 576, 8192)
@@ -73,9 +74,38 @@ def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
     if model_type not in SUPPORTED_FAMILIES:
         raise ConfigError(f"teacher {spec!r} has architecture {model_type!r}; supported: {', '.join(SUPPORTED_FAMILIES)} "
                           "(Llama-family such as SmolLM2/TinyLlama, Qwen2, GPT-2)")
+    folder = Path(os.path.expanduser(spec))
+    if spec not in TINY_FAMILIES and folder.is_dir():
+        check_folder(folder)  # weights and tokenizer are there: PrepareCorpus and TeacherBoundary need both
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
     max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions")
     return TeacherInfo(spec, model_type, int(n_layers), int(cfg.hidden_size), int(max_pos))
+
+
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def check_folder(p: Path) -> None:
+    """Check that a local teacher folder (with its ``config.json``) holds what loading it needs:
+    weights (``*.safetensors`` or ``pytorch_model*.bin``) and a tokenizer (``tokenizer.json``,
+    ``tokenizer.model`` or ``vocab.json``), before any task runs.
+
+    Raises:
+        ConfigError: naming the folder and what it lacks.
+    """
+    lacks = []
+    if not any(any(p.glob(g)) for g in WEIGHT_FILES):
+        lacks.append("weights (*.safetensors or pytorch_model*.bin)")
+    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+        lacks.append(f"a tokenizer ({', '.join(TOKENIZER_FILES)})")
+    if lacks:
+        raise ConfigError(f"teacher folder {p} lacks {'; '.join(lacks)}: save the model and its tokenizer there "
+                          "(model.save_pretrained(path); tokenizer.save_pretrained(path))")
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith((".", "/", "~")) or spec.count("/") != 1 or spec.endswith(".gguf")
 
 
 def _load_config(spec: str):
@@ -91,14 +121,19 @@ def _load_config(spec: str):
             if not (p / "config.json").is_file():
                 raise ConfigError(f"teacher folder {p} has no config.json (not a Hugging Face model directory)")
             return AutoConfig.from_pretrained(str(p))
-        if p.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        if p.exists():
+            raise ConfigError(f"teacher {spec!r} is a file; give a Hugging Face model folder or a .gguf file")
+        if "/" in spec and _looks_like_path(spec):
+            raise ConfigError(f"teacher path {p} does not exist")
+        if _looks_like_path(spec):
             raise ConfigError(f"unknown teacher {spec!r}: give 'smollm2-135m', 'tiny-llama', 'tiny-qwen2', 'tiny-gpt2', "
                               "a Hugging Face model directory, a .gguf file, or a Hub id (org/name)")
         return AutoConfig.from_pretrained(spec)
     except ConfigError:
         raise
     except Exception as e:  # Hub unreachable, bad id, unparsable config
-        raise ConfigError(f"teacher {spec!r} could not be found or read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+        raise ConfigError(f"teacher {spec!r} is no local folder and could not be read as a Hub id "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                           "a Hub id needs the Hub or its local cache") from e
 
 

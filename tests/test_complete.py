@@ -1,0 +1,113 @@
+"""Complete means whole and current: a task folder with a file missing or cut short is moved aside
+and rebuilt, with everything downstream of it; results computed at another precision never share
+a name or a checkpoint."""
+import shutil
+import pytest
+import torch
+
+from tests.conftest import tiny_cfg
+from workflows import RunExperiment
+from workflows.cli import walk
+from workflows.experiment import build_experiment, load_config
+from zgcore import train as ztrain
+
+CFG = tiny_cfg(**{"train.max_steps": 3, "eval.context_sequences": 1, "eval.max_sequences": 4})
+
+
+def graph(out, extra=""):
+    return walk(build_experiment(load_config(overrides=CFG + extra, preset=""), str(out)))
+
+
+def closure_downstream(tasks, target):
+    """``target`` and every task that reads it, directly or through others."""
+    hit = {target.task_id}
+    for t in tasks:  # walk() lists dependencies first
+        if any(u.task_id in hit for u in t.upstream()):
+            hit.add(t.task_id)
+    return {(t.get_task_family(), t.label()) for t in tasks if t.task_id in hit}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One finished tiny experiment, copied by each test that damages it."""
+    import luigi
+
+    out = tmp_path_factory.mktemp("finished")
+    assert luigi.build([RunExperiment(preset="", set=CFG, outputs=str(out))], local_scheduler=True, log_level="WARNING")
+    return out
+
+
+@pytest.mark.parametrize("family, damage", [
+    ("Evaluate", "remove"), ("Assemble", "truncate"), ("TrainBlock", "remove"), ("TeacherBoundary", "remove"),
+    ("PrepareCorpus", "truncate"), ("PrepareTeacher", "remove")])
+def test_a_missing_or_short_file_rebuilds_the_task_and_what_depends_on_it(family, damage, finished, tmp_path, run_graph):
+    tmp_path = tmp_path / "out"
+    shutil.copytree(finished, tmp_path)
+    tasks = graph(tmp_path)
+    target = next(t for t in tasks if t.get_task_family() == family)  # for TrainBlock: block 0
+    files = target.record()["files"]
+    name = max(files, key=lambda f: (files[f], f))  # its largest file
+    path = target.out_dir / name
+    if damage == "remove":
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[:-1])
+    want = closure_downstream(tasks, target)
+    assert {(t.get_task_family(), t.label()) for t in tasks if not t.complete()} == want
+    ok, ran = run_graph(RunExperiment(preset="", set=CFG, outputs=str(tmp_path)))
+    assert ok and {r for r in ran if r[0] != "RunExperiment"} == want
+    assert (target.out_dir / name).is_file() and target.complete()  # rebuilt whole
+    assert list(target.out_dir.parent.glob(f"{target.out_dir.name}.damaged-*"))  # the damaged one kept aside
+    assert all(t.complete() for t in graph(tmp_path))
+
+
+def test_precision_changes_trainblock_path_and_a_checkpoint_of_another_precision_is_never_resumed(finished, tmp_path,
+                                                                                                 run_graph, capfd):
+    cpu = next(t for t in graph(tmp_path) if t.get_task_family() == "TrainBlock")
+    cuda = next(t for t in graph(tmp_path, " device=cuda") if t.get_task_family() == "TrainBlock")
+    assert cpu.out_dir != cuda.out_dir and cpu.work_dir != cuda.work_dir and cpu.uid != cuda.uid
+    ref = finished
+    ref_block = next(t for t in graph(ref) if t.get_task_family() == "TrainBlock")
+    # a checkpoint taken under bf16 autocast, found where the float32 run keeps its checkpoints
+    state = torch.load(ref_block.out_dir / ztrain.FINAL_STATE, weights_only=False)
+    state["run_hash"], state["step"] = cuda.uid, 1
+    cpu.work_dir.mkdir(parents=True)
+    torch.save(state, cpu.work_dir / ztrain.CKPT)
+    capfd.readouterr()
+    assert run_graph(RunExperiment(preset="", set=CFG, outputs=str(tmp_path)))[0]
+    log = capfd.readouterr().out
+    assert "written by another configuration" in log and "resumed from step" not in log
+    assert (cpu.out_dir / "block.safetensors").read_bytes() == (ref_block.out_dir / "block.safetensors").read_bytes()
+
+
+def test_outputs_carry_the_umask_permissions(finished):
+    """safetensors writes through a 0600 tempfile; every output is group- and world-readable under umask 022."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        from zgcore.train import save_weights
+
+        save_weights(finished / "w.safetensors", {"a": torch.zeros(2)})
+        assert (finished / "w.safetensors").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+    weights = list(finished.glob("TrainBlock/*/block.safetensors")) + list(finished.glob("Assemble/*/model/*.safetensors"))
+    assert len(weights) == 3
+    mask = os.umask(0)
+    os.umask(mask)
+    assert all(f.stat().st_mode & 0o777 == 0o666 & ~mask for f in weights)  # the umask of the run that wrote them
+
+
+def test_local_learning_families_rebuild_a_damaged_output_and_what_reads_it(tmp_path, run_graph):
+    from workflows import LocalLearningStudy
+
+    study = dict(preset="local_tiny", set="study.K=[1] study.aux=[mlp] study.mtp=[off]", outputs=str(tmp_path))
+    assert run_graph(LocalLearningStudy(**study))[0]
+    for family, expect in (("LocalStudyReport", ["LocalStudyReport"]),
+                           ("EvaluateLocal", ["EvaluateLocal", "LocalStudyReport"]),
+                           ("PretrainLocal", ["EvaluateLocal", "LocalStudyReport", "PretrainLocal"])):
+        (folder,) = [p for p in tmp_path.glob(f"{family}/*") if "." not in p.name]
+        next(f for f in sorted(folder.rglob("*")) if f.is_file() and f.name != "task.json").unlink()
+        ok, ran = run_graph(LocalLearningStudy(**study))
+        assert ok and sorted(f for f, _ in ran if f != "LocalLearningStudy") == expect, family

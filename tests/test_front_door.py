@@ -1,0 +1,96 @@
+"""The front door: configuration errors are one line and exit 2 with no traceback, a failed run
+exits non-zero from any folder, hints carry the user's options, teachers are checked up front."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import tiny_cfg
+from workflows import CONFIG_ERROR_EXIT
+from workflows.cli import app
+from workflows.experiment import load_config
+from zgcore.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+
+
+def luigi_cmd(*args, workflow="RunExperiment"):
+    return [sys.executable, "-m", "luigi", "--module", "workflows", workflow, "--local-scheduler", *args]
+
+
+def run_all(cmds, cwd, env=ENV):
+    """Run the commands at once (each pays torch's import): [(returncode, stdout + stderr)]."""
+    procs = [subprocess.Popen(c, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for c in cmds]
+    return [(p.wait(timeout=300), p.stdout.read()) for p in procs]
+
+
+def test_configuration_errors_exit_2_with_one_line_and_no_traceback(tmp_path):
+    out = str(tmp_path / "o")
+    cases = [("train.lrr=1", "unknown key(s) in train: lrr"),
+             ("train.lr=abc", "lr must be a number, got 'abc'"),
+             ("boundary.boundaries=[0,3,2,4]", "boundary.boundaries must be strictly increasing"),
+             ("boundary.boundaries=[0,2,9]", "boundary.boundaries must end at the teacher's layer count 4")]
+    cmds = [luigi_cmd("--preset", "tiny", "--outputs", out, "--set", over) for over, _ in cases]
+    cmds.append(luigi_cmd("--preset", "local_tiny", "--outputs", out, "--set", "study.K=[1,2,8]", workflow="LocalLearningStudy"))
+    cases.append(("", "exceeds the model's 4 layers"))
+    for (code, log), (_, needle) in zip(run_all(cmds, tmp_path), cases):
+        assert code == CONFIG_ERROR_EXIT == 2, log[-3000:]
+        assert "Traceback" not in log and needle in log
+        errors = [line for line in log.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and needle in errors[0]
+    assert not (tmp_path / "o").exists()  # nothing ran
+
+
+def test_the_traceback_is_there_on_request(tmp_path):
+    ((code, log),) = run_all([luigi_cmd("--preset", "tiny", "--set", "train.lrr=1")], tmp_path, {**ENV, "ZG_TRACEBACK": "1"})
+    assert code == 2 and "Traceback" in log and "ConfigError" in log
+
+
+def test_a_failed_task_exits_non_zero_outside_the_repository(tmp_path):
+    corpus = tmp_path / "short.txt"
+    corpus.write_text("too short")  # not two sequences of 32 tokens: PrepareCorpus fails
+    assert not (tmp_path / "luigi.cfg").exists()
+    ((code, log),) = run_all([luigi_cmd("--preset", "", "--outputs", "o", "--set",
+                                        tiny_cfg() + f" corpus.source={corpus} corpus.max_tokens=0")], tmp_path)
+    assert code == 30, log[-3000:]
+    assert (tmp_path / "o" / "PrepareTeacher").is_dir()  # `outputs` is relative to the folder the command runs in
+
+
+def test_zerograph_errors_and_hints_carry_the_users_options(tmp_path):
+    r = CliRunner().invoke(app, ["status", "--preset", "tiny", "--set", "train.lr=abc", "--outputs", str(tmp_path)])
+    assert r.exit_code == 2 and "lr must be a number" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["report", "--preset", "tiny", "--outputs", str(tmp_path / "my out")])
+    assert r.exit_code == 1
+    assert f".venv/bin/luigi --module workflows RunExperiment --local-scheduler --preset tiny --outputs '{tmp_path}/my out'" in r.output
+    r = CliRunner().invoke(app, ["status", "--preset", "tiny", "--set", "train.lr=0.01", "--outputs", str(tmp_path)])
+    assert r.exit_code == 1 and "--preset tiny --set train.lr=0.01 --outputs" in r.output.splitlines()[-1]
+
+
+def _teacher_folder(path, weights=True, tokenizer=True):
+    from zgcore.teacher import build_tiny
+
+    build_tiny("llama", path)
+    for f in path.iterdir():
+        if (not weights and f.suffix == ".safetensors") or (not tokenizer and f.name.startswith("tokenizer")):
+            f.unlink()
+    return path
+
+
+@pytest.mark.parametrize("weights, tokenizer, needle", [
+    (False, True, "lacks weights (*.safetensors or pytorch_model*.bin)"),
+    (True, False, "lacks a tokenizer (tokenizer.json, tokenizer.model, vocab.json)")])
+def test_a_teacher_folder_without_weights_or_tokenizer_fails_before_any_task(tmp_path, weights, tokenizer, needle):
+    folder = _teacher_folder(tmp_path / "teacher", weights, tokenizer)
+    with pytest.raises(ConfigError, match="teacher folder .* " + needle.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+        load_config(overrides=f"teacher={folder} corpus.seq_len=32", preset="")
+    assert load_config(overrides=f"teacher={_teacher_folder(tmp_path / 'ok')} corpus.seq_len=32", preset="")
+
+
+def test_a_teacher_path_that_does_not_exist_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=f"teacher path {tmp_path}/nope does not exist"):
+        load_config(overrides=f"teacher={tmp_path}/nope", preset="")
