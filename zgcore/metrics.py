@@ -155,12 +155,13 @@ def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int]
     Source: ZeroGraph (arXiv:2611.02200), boundary-shift tests.
     """
     from .adapters import capture_boundaries
+    from .boundary_store import channel_rms
     from .objectives import regression_loss
 
     device = next(teacher.parameters()).device
     ids = torch.as_tensor(tokens, dtype=torch.long, device=device)
     bd = capture_boundaries(teacher, ids, boundaries)
-    scale = {b: torch.stack([h[:, 0].pow(2).mean(0).sqrt(), h[:, 1:].pow(2).mean((0, 1)).sqrt()]) for b, h in bd.items()}
+    scale = {b: channel_rms(h).to(h.device) for b, h in bd.items()}
     gen = torch.Generator().manual_seed(seed)
     rows, drift = [], [{"boundary": boundaries[0], "relative_error": 0.0}]
     chain = bd[boundaries[0]]
@@ -221,7 +222,8 @@ def report_markdown(report: dict[str, Any]) -> str:
     if econ:
         be = econ["break_even_reuses"]
         lines += ["## Cache economics", "",
-                  f"Cache build: {econ['build_seconds']:.1f} s, {econ['build_bytes'] / 2**20:.1f} MiB "
+                  f"Cache build: {econ.get('shards', 1)} shard(s), {econ['build_seconds']:.1f} s teacher time summed over "
+                  f"shards, {econ.get('build_wall_seconds', econ['build_seconds']):.1f} s wall, {econ['build_bytes'] / 2**20:.1f} MiB "
                   f"({econ['build_seconds_per_sequence'] * 1000:.0f} ms/sequence through all {report['layers']['teacher']} teacher layers).", "",
                   "| block | cached job (s) | of which data (s) | compute (s) | online job (s) | online teacher (s) | saving (s) |",
                   "|---|---|---|---|---|---|---|"]
