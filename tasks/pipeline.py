@@ -178,6 +178,8 @@ class TeacherBoundary(_CacheTask):
     every worker of a luigid sees and shares; otherwise ``run`` yields them (Luigi's dynamic
     requirements, run by this worker's processes)."""
 
+    uses_device = False  # the join reads shard records and statistics rows only
+
     def requires(self):
         deps = {"teacher": self.teacher_task(), "corpus": self.corpus_task()}
         return {**deps, "shards": self.static_shards} if self.static_shards is not None else deps

@@ -79,7 +79,7 @@ def test_two_workers_share_one_luigid(tmp_path, luigid):
     root = build_experiment(load_config(overrides=CFG, preset=""), str(out))
     deps = api(luigid, "dep_graph", {"task_id": root.task_id})
     graph = walk(root)
-    assert len(graph) == 7
+    assert len(graph) == 9  # with the cache's two shards (train, val)
     for t in graph:
         assert t.task_id in done, t.task_id
         assert deps[t.task_id]["status"] == "DONE"
@@ -95,7 +95,7 @@ def test_a_failed_task_stops_every_waiting_worker(tmp_path, luigid):
 
     from workflows.cli import app
 
-    cfg = tiny_cfg() + " device=cuda:7"  # fails inside TeacherBoundary.run: no such device here
+    cfg = tiny_cfg() + " device=cuda:7"  # fails inside BoundaryShard.run: no such device here
     codes, logs = run_workers(tmp_path, tmp_path / "out", luigid, cfg=cfg, timeout=120)
     # the other worker: 10, or 25 if it reached the scheduler only after the task was disabled
     assert codes.count(30) == 1 and set(codes) - {30} <= {10, 25}, codes

@@ -154,7 +154,7 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
         np.save(folder / f"stats-b{b}.npy", rms_from_sumsq(torch.cat(rows), seq_len).numpy())
     shards = [{"split": r["split"], "lo": r["lo"], "hi": r["hi"], "dir": os.path.relpath(sf, folder),
                "files": r["files"], "build_seconds": r["build_seconds"]} for sf, r in recs]
-    manifest = {k: first[k] for k in SHAPE_KEYS} | dict(extra) | {
+    manifest = {k: first.get(k) for k in SHAPE_KEYS} | dict(extra) | {
         "n_train": int(n["train"]), "n_val": int(n["val"]), "n_shards": len(recs), "shards": shards,
         "bytes": sum(f["bytes"] for _, r in recs for f in r["files"].values()),
         "build_seconds": sum(r["build_seconds"] for _, r in recs),  # teacher compute: the sum over shards
