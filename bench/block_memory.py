@@ -96,7 +96,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        child(sys.argv[2])
-    else:
-        sys.exit(main())
+    from bench.common import run_script
+
+    run_script(main, "--child", child)

@@ -172,3 +172,14 @@ def find_task(cfg_overrides: str, outputs: str | os.PathLike, family: str, index
     tasks = [t for t in walk(build_experiment(load_config(overrides=cfg_overrides, preset=""), str(outputs)))
              if t.get_task_family() == family]
     return tasks[index]
+
+
+def run_script(main, flag: str, child) -> None:
+    """A benchmark script's entry point: ``script FLAG SPEC`` runs ``child(SPEC)`` (a subprocess
+    of the benchmark), anything else exits with ``main()``'s code."""
+    import sys
+
+    if len(sys.argv) > 2 and sys.argv[1] == flag:
+        child(sys.argv[2])
+    else:
+        sys.exit(main())

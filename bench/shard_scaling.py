@@ -128,7 +128,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
-        worker(sys.argv[2])
-    else:
-        sys.exit(main())
+    from bench.common import run_script
+
+    run_script(main, "--worker", worker)

@@ -152,10 +152,11 @@ def test_two_workers_build_the_shards_once_and_identical_to_one_worker(tmp_path,
 
     cfg = tiny_cfg(**{"boundary.shard_sequences": 32, "train.max_steps": 4})  # train 0-32, 32-64, 64-86; val 0-10
     out, ref = tmp_path / "shared", tmp_path / "single"
+    from workflows import PrepareInputs
+
     for o in (out, ref):  # PrepareTeacher and PrepareCorpus first, so that the shard plan is known
-        corpus_task = next(t for t in walk(build_experiment(load_config(overrides=cfg, preset=""), str(o)))
-                           if t.get_task_family() == "PrepareCorpus")
-        assert luigi.build([corpus_task], local_scheduler=True, log_level="WARNING")
+        assert luigi.build([PrepareInputs(preset="", set=cfg, outputs=str(o))], local_scheduler=True, log_level="WARNING")
+        assert list(o.glob("PrepareCorpus/*/tokens.h5")) and not list(o.glob("BoundaryShard/*"))
     from typer.testing import CliRunner
 
     from workflows.cli import app
