@@ -184,11 +184,17 @@ class TeacherBoundary(_CacheTask):
         deps = {"teacher": self.teacher_task(), "corpus": self.corpus_task()}
         return {**deps, "shards": self.static_shards} if self.static_shards is not None else deps
 
-    @cached_property
+    @property
     def static_shards(self) -> list[BoundaryShard] | None:
-        """The shard tasks as known when this task was first scheduled (fixed for its lifetime:
-        Luigi checks at run time that what ``requires`` returned is complete)."""
-        return self.shard_tasks()
+        """The shard tasks as static requirements, or None. Decided when first asked; an instance
+        that started without them (corpus not yet tokenised: ``run`` yields them) takes them on
+        only once all are complete, since Luigi checks at run time that ``requires`` is complete
+        (Luigi reuses one instance per parameter set within a process)."""
+        if "_static" not in self.__dict__ or self._static is None:
+            shards = self.shard_tasks()
+            first = "_static" not in self.__dict__
+            self._static = shards if shards is not None and (first or all(t.complete() for t in shards)) else None
+        return self._static
 
     @cached_property
     def uid(self) -> str:
