@@ -30,7 +30,7 @@ if str(REPO) not in sys.path:
 
 def experiment(teacher: Path, n_layers: int) -> str:
     """Override string of the benchmark's experiment on ``teacher``."""
-    return (f"teacher={teacher} corpus.seq_len=64 corpus.max_tokens=2048 boundary.boundaries=[0,4,{n_layers}] "
+    return (f"teacher={teacher} corpus.seq_len=64 corpus.max_tokens=1024 boundary.boundaries=[0,4,{n_layers}] "
             "train.max_steps=4 train.batch_size=4 eval.context_window=8")
 
 

@@ -89,3 +89,19 @@ def test_every_boundary_dataset_is_checksummed(store):
     for f in path.glob("shards/*/b*.h5"):
         with h5py.File(f, "r") as h:
             assert h["h"].fletcher32 and h["h"].chunks == (1, 16, 32)
+
+
+def test_a_teacher_that_produces_non_finite_boundaries_fails_the_build_and_online_targets(store, tmp_path):
+    import copy
+
+    from zgcore.boundary_store import OnlineBoundaries
+
+    _, model, tokens = store
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.model.layers[1].mlp.down_proj.weight[0, 0] = float("inf")
+    with pytest.raises(BoundaryStoreError, match="boundary 2, train sequences 0..3.*non-finite"):
+        build_store(tmp_path / "s", broken, tokens, [0, 2, 4], "float32", 4, {}, log=lambda m: None)
+    assert not (tmp_path / "s").exists()  # nothing partial under the final name
+    with pytest.raises(BoundaryStoreError, match="non-finite"):
+        OnlineBoundaries(broken, tokens["train"], [0, 2], "float32", 4)
