@@ -65,8 +65,11 @@ def sequence_sumsq(h: torch.Tensor) -> torch.Tensor:
     positions >= 1. Computed one sequence at a time, so a sequence's sums never depend on which
     batch or shard it came in."""
     hs = h.detach().double().cpu()
-    return torch.stack([torch.stack([hs[i, 0] ** 2, (hs[i, 1:] ** 2).sum(0)]) for i in range(len(hs))]) \
-        if len(hs) else torch.zeros(0, 2, h.shape[-1], dtype=torch.float64)
+    out = torch.zeros(len(hs), 2, h.shape[-1], dtype=torch.float64)
+    for i in range(len(hs)):
+        out[i, 0] = hs[i, 0] ** 2
+        out[i, 1] = (hs[i, 1:] ** 2).sum(0)
+    return out
 
 
 def rms_from_sumsq(sumsq: torch.Tensor, seq_len: int) -> torch.Tensor:
