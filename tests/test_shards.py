@@ -219,3 +219,16 @@ def test_bad_shard_size_or_teacher_dtype_fails_before_any_task(tmp_path, over, m
 
     with pytest.raises(ConfigError, match=msg):
         load_config(overrides=tiny_cfg() + " " + over, preset="")
+
+
+def test_a_bfloat16_teacher_builds_its_own_cache_close_to_float32(tmp_path, run_graph):
+    caches = {}
+    for dt in ("float32", "bfloat16"):
+        cfg = ONE + f" boundary.teacher_dtype={dt}"
+        tb = tasks_of(cfg, tmp_path, "TeacherBoundary")[0]
+        assert run_graph(tb)[0]
+        with BoundaryReader(tb.out_dir) as r:
+            assert r.manifest["teacher_dtype"] == dt and r.manifest["dtype"] == "float32"  # storage stays its own
+            caches[dt] = r.read("train", 4, np.arange(8))
+    a, b = caches["float32"], caches["bfloat16"]
+    assert not torch.equal(a, b) and ((a - b).norm() / a.norm()) < 0.05  # run in bf16: close, not equal
