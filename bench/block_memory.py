@@ -5,7 +5,8 @@ Two randomly initialised Llama teachers built from a config (no download), hidde
 3 kept, boundaries ``[0, 4, L]``), so the block's size is fixed. For each teacher the cache is
 built first (a Luigi run of ``TeacherBoundary``); then the ``TrainBlock`` of block 0 runs alone
 in a fresh process (``luigi.build`` with the local scheduler, all its inputs done), which prints
-its peak RSS (``ru_maxrss``). A block worker that loaded the whole teacher would grow with it
+its peak RSS (``VmHWM`` of ``/proc/self/status``; not ``ru_maxrss``, which Linux carries over
+``execve`` from the forked copy of this parent, which held the teacher while building the cache). A block worker that loaded the whole teacher would grow with it
 by the teacher's fp32 weight bytes, printed beside.
 
     python bench/block_memory.py [--layers 16 64] [--hidden 1024] [--workdir DIR] [--keep]
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -30,22 +30,22 @@ if str(REPO) not in sys.path:
 
 def experiment(teacher: Path, n_layers: int) -> str:
     """Override string of the benchmark's experiment on ``teacher``."""
-    return (f"teacher={teacher} corpus.seq_len=64 corpus.max_tokens=1024 boundary.boundaries=[0,4,{n_layers}] "
-            "train.max_steps=4 train.batch_size=4 eval.context_window=8")
+    return (f"teacher={teacher} corpus.seq_len=32 corpus.max_tokens=640 boundary.boundaries=[0,4,{n_layers}] "
+            "train.max_steps=4 train.batch_size=4 eval.context_window=8 boundary.batch_size=4 boundary.shard_sequences=16")
 
 
 def child(spec: str) -> None:
     """Run block 0's TrainBlock alone; print its process's peak RSS (kB) as JSON."""
     import luigi
 
-    from bench.common import find_task
+    from bench.common import find_task, proc_status_kb
 
     s = json.loads(spec)
     task = find_task(s["cfg"], s["outputs"], "TrainBlock", 0)
     t0 = time.perf_counter()
     ok = luigi.build([task], local_scheduler=True, log_level="WARNING")
     print(json.dumps({"ok": bool(ok), "seconds": time.perf_counter() - t0,
-                      "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+                      "maxrss_kb": proc_status_kb("VmHWM")}))
 
 
 def main(argv=None) -> int:

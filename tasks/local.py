@@ -12,9 +12,11 @@ import luigi
 
 from zgcore import corpus, local as zlocal, metrics
 from zgcore.atomic import write_json, write_text
+from zgcore.loop import FINAL_STATE, LOSS_LOG
 
 from .base import ZGTask
 from .pipeline import PrepareCorpus
+from .work import Resumable
 
 
 def _model_tokens(corpus_task: PrepareCorpus, vocab: str):
@@ -29,6 +31,8 @@ class _LocalTask(ZGTask):
     tokenizer = luigi.Parameter(description="teacher spec whose tokenizer is used (no teacher weights are used)")
     corpus = luigi.DictParameter()
     setup = luigi.DictParameter(description="one normalised configuration: {model, train, local}")
+    checkpoint_every = luigi.IntParameter(default=50, significant=False,
+                                          description="PretrainLocal: steps between checkpoints (not hashed)")
 
     def corpus_task(self) -> PrepareCorpus:
         return PrepareCorpus(teacher=self.tokenizer, corpus=self.corpus, outputs=self.outputs)
@@ -40,11 +44,14 @@ class _LocalTask(ZGTask):
         return f"K{loc['K']}{aux}{mtp}-s{self.setup['train']['seed']}"
 
 
-class PretrainLocal(_LocalTask):
+class PretrainLocal(Resumable, _LocalTask):
     """Pretrain one configuration from scratch with K gradient-isolated blocks for the token
     budget; writes ``model/`` (HF Llama), ``aux_heads.safetensors``, ``vocab_ids.npy``,
-    ``local.json``, ``loss_log.csv`` and ``metrics.json`` (tokens seen and their sha256,
-    measured activation memory in both execution modes, losses, seconds)."""
+    ``local.json``, ``loss_log.csv``, ``train_state.pt`` (optimizer and RNG state) and
+    ``metrics.json`` (tokens seen and their sha256, measured activation memory in both execution
+    modes, losses, seconds). Checkpoints every ``checkpoint_every`` steps into
+    ``<out_dir>.partial`` and resumes from there, bitwise-identical to an uninterrupted run; a
+    non-finite loss or gradient norm fails it at once (:class:`zgcore.loop.NonFiniteError`)."""
 
     def requires(self):
         return self.corpus_task()
@@ -61,21 +68,22 @@ class PretrainLocal(_LocalTask):
         n_params = sum(p.numel() for p in lm.model.parameters())
         n_aux = sum(p.numel() for p in lm.heads.parameters())
         self.log(f"{n_params:,} model + {n_aux:,} aux-head parameters, vocab {len(ids)}, blocks {lm.bounds}")
+
+        def report(step: int, total: int, values: list) -> None:
+            msg = f"step {step}/{total}, train CE per block " + " ".join(f"{v:.3f}" for v in values[: lm.k])
+            self.progress(step, total, msg)
+            self.log(msg)
+        t = {**setup["train"], "log_every": 10, "checkpoint_every": int(self.checkpoint_every)}
+        m = zlocal.train_local(lm, train, t, self.device, progress=report, work=self.work_dir, run_hash=self.uid,
+                               name=f"{self.get_task_family()} {self.label()}")
         with self.building() as tmp:
-            m = zlocal.train_local(lm, train, {**setup["train"], "log_every": 10}, self.device,
-                                   progress=self._report_step,
-                                   log_path=tmp / "loss_log.csv")
+            self.keep_work(tmp, (LOSS_LOG, FINAL_STATE))
             zlocal.save_local(tmp, lm, ids, setup)
             write_json(tmp / "metrics.json", {**m, "parameters": n_params, "aux_parameters": n_aux, "vocab_size": len(ids),
                                               "bounds": lm.bounds, "device": str(self.device), "torch": torch.__version__})
+        self.drop_work()
         self.log(f"{m['steps']} steps, {m['tokens']:,} tokens in {m['seconds']:.0f} s; final CE per block "
                  f"{[round(x, 3) for x in m['final_loss']]}; activation memory ratio {m['memory_ratio']:.2f}x")
-
-
-    def _report_step(self, step: int, total: int, infos: list) -> None:
-        msg = f"step {step}/{total}, train CE per block " + " ".join(f"{i['ce']:.3f}" for i in infos)
-        self.progress(step, total, msg)
-        self.log(msg)
 
 
 class EvaluateLocal(_LocalTask):
@@ -86,7 +94,7 @@ class EvaluateLocal(_LocalTask):
 
     def requires(self):
         return {"model": PretrainLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=self.setup,
-                                       outputs=self.outputs, device=self.device),
+                                       outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every),
                 "corpus": self.corpus_task()}
 
     def own_config(self):
@@ -118,6 +126,7 @@ class LocalStudyReport(ZGTask):
     cells = luigi.ListParameter(description="study cells: {K, aux, mtp, run}")
     eval = luigi.DictParameter()
     name = luigi.Parameter(default="local-study", significant=False)
+    checkpoint_every = luigi.IntParameter(default=50, significant=False)
 
     def _runs(self) -> list:
         seen, out = set(), []
@@ -130,7 +139,8 @@ class LocalStudyReport(ZGTask):
 
     def requires(self):
         return [EvaluateLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=r, eval=self.eval,
-                              outputs=self.outputs, device=self.device) for r in self._runs()]
+                              outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every)
+                for r in self._runs()]
 
     def own_config(self):
         return {"cells": [{k: c[k] for k in ("K", "aux", "mtp")} for c in self.cells]}

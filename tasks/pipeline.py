@@ -20,6 +20,7 @@ from zgcore.config import corpus_files, kept_layers, resolve_boundaries
 from zgcore.hashing import canonical, config_hash
 
 from .base import HIDDEN, ZGTask
+from .work import Resumable
 
 
 def path_stamp(spec: str) -> list | None:
@@ -240,7 +241,7 @@ class TeacherBoundary(_CacheTask):
                  f"summed over shards, {m['build_wall_seconds']:.1f} s wall")
 
 
-class TrainBlock(_TeacherTask):
+class TrainBlock(Resumable, _TeacherTask):
     """Train student block ``block`` (teacher layers [b_i, b_{i+1})) on boundary i → i+1.
 
     Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``."""
@@ -258,19 +259,12 @@ class TrainBlock(_TeacherTask):
                                device=self.device)
 
     def own_config(self):
-        t = dict(canonical(self.train))
+        t = ztrain.effective_train(canonical(self.train))  # only what can change the result is hashed
         t["boundary"] = cache_settings(self.boundary) if t["targets"] == "online" else None
-        if t["objective"] == "clean":
-            t.pop("noise", None)  # clean regression draws no noise: its level must not move the hash
         return {"block": self.block, "train": t}
 
     def label(self):
         return f"block{self.block}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}"
-
-    @property
-    def work_dir(self) -> Path:
-        """Checkpoints and logs of an unfinished run (kept across interruptions)."""
-        return self.out_dir.with_name(self.out_dir.name + ".partial")
 
     def run(self):
         from zgcore.device import resolve
@@ -293,7 +287,8 @@ class TrainBlock(_TeacherTask):
             source = boundary_store.BoundaryReader(self.requires().out_dir)
         with source:
             m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
-                                   progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"))
+                                   progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
+                                   name=f"{self.get_task_family()} {self.label()}")
             m["teacher_seconds"] = getattr(source, "teacher_seconds", 0.0)
         with self.building() as tmp:
             ztrain.save_weights(tmp / "block.safetensors", block.layer_state_dict())

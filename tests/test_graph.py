@@ -44,8 +44,8 @@ def test_whole_graph_runs_and_student_loads_and_generates(family, tmp_path, run_
     states = glob.glob(f"{out}/TrainBlock/*/train_state.pt")
     assert len(states) == 2
     for f in states:
-        st = torch.load(f, weights_only=False)
-        assert st["step"] == 6 and st["optimizer"]["state"] and st["torch_rng"].dtype == torch.uint8
+        st = torch.load(f, weights_only=True)
+        assert st["step"] == 6 and st["optimizers"][0]["state"] and st["torch_rng"].dtype == torch.uint8
     assert "assembled student" in (ev.out_dir / "report.md").read_text()
 
 
@@ -126,3 +126,14 @@ def test_bad_config_fails_before_any_task(tmp_path):
     assert r.returncode != 0
     assert "strictly increasing" in r.stderr + r.stdout
     assert not (tmp_path / "o").exists()
+
+
+def test_readme_per_block_override_retrains_one_block_when_max_steps_is_set(tmp_path, run_graph):
+    # README: --set "blocks.1.lr=1e-4 train.epochs=1" on the tiny preset (max_steps = 20 there, so epochs
+    # takes no effect and must not move any hash): exactly block 1 retrains, then Assemble and Evaluate
+    out = str(tmp_path)
+    assert run_graph(RunExperiment(preset="tiny", outputs=out))[0]
+    ok, ran = run_graph(RunExperiment(preset="tiny", set="blocks.1.lr=1e-4 train.epochs=1", outputs=out))
+    assert ok
+    assert sorted(x for x in ran if x[0] != "RunExperiment") == sorted(
+        [("TrainBlock", "block1-clean-cached-s0"), ("Assemble", "student"), ("Evaluate", "report")])

@@ -225,13 +225,7 @@ def _validate_static(cfg: dict[str, Any]) -> None:
     except (RuntimeError, TypeError):
         raise ConfigError(f"device must be a torch device such as 'cpu', 'cuda' or 'cuda:1', got {cfg['device']!r}") from None
     c = cfg["corpus"]
-    _positive_int("corpus.seq_len", c["seq_len"])
-    if c["seq_len"] < 2:
-        raise ConfigError("corpus.seq_len must be at least 2 (one prediction needs two tokens)")
-    if not (0 < float(c["val_fraction"]) < 1):
-        raise ConfigError(f"corpus.val_fraction must be in (0, 1), got {c['val_fraction']!r}")
-    _positive_int("corpus.max_tokens", c["max_tokens"], zero_ok=True)
-    corpus_files(c)  # raises on missing or empty files
+    validate_corpus(c)
     b = cfg["boundary"]
     if b["dtype"] not in DTYPES:
         raise ConfigError(f"boundary.dtype must be one of {DTYPES}, got {b['dtype']!r}")
@@ -269,6 +263,17 @@ def _validate_static(cfg: dict[str, Any]) -> None:
     for k in ("gate_gap", "gate_context"):
         if not isinstance(e[k], (int, float)) or isinstance(e[k], bool):
             raise ConfigError(f"eval.{k} must be a number, got {e[k]!r}")
+
+
+def validate_corpus(c: Mapping[str, Any]) -> None:
+    """Check a ``corpus`` section's values (experiments and local-learning studies). Raises :class:`ConfigError`."""
+    _positive_int("corpus.seq_len", c["seq_len"])
+    if c["seq_len"] < 2:
+        raise ConfigError("corpus.seq_len must be at least 2 (one prediction needs two tokens)")
+    if not (0 < float(c["val_fraction"]) < 1):
+        raise ConfigError(f"corpus.val_fraction must be in (0, 1), got {c['val_fraction']!r}")
+    _positive_int("corpus.max_tokens", c["max_tokens"], zero_ok=True)
+    corpus_files(c)  # raises on missing or empty files
 
 
 def validate_train(t: Mapping[str, Any], where: str) -> None:

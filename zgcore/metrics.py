@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -22,13 +22,35 @@ def cross_entropy(model: torch.nn.Module, tokens: np.ndarray, batch_size: int = 
     """
     device = next(model.parameters()).device
     model.eval()
-    total, count = 0.0, 0
+    return cross_entropies(lambda ids: [model(input_ids=ids, use_cache=False).logits], tokens, batch_size, device, desc)[0]
+
+
+@torch.no_grad()
+def cross_entropies(logits_of: Callable[[torch.Tensor], list[torch.Tensor]], tokens: np.ndarray, batch_size: int,
+                    device: torch.device | str, desc: str = "eval") -> list[float]:
+    """Mean next-token cross-entropy (nats/token) of each of several predictions of the same tokens
+    (e.g. a model's output and its auxiliary heads), over all ``n * (seq_len - 1)`` predicted positions.
+
+    Args:
+        logits_of: maps ids ``[B, seq_len]`` int64 to a list of logits, each ``[B, seq_len, V]``
+            (logits at ``t`` predict token ``t + 1``; any float dtype, scored in float32).
+        tokens: ``[n, seq_len]`` integer token ids.
+
+    Returns:
+        One cross-entropy per entry of ``logits_of``'s list.
+    """
+    totals: list[float] = []
+    count = 0
     for lo in tqdm(range(0, len(tokens), batch_size), desc=desc, unit="batch"):
         ids = torch.as_tensor(tokens[lo: lo + batch_size], dtype=torch.long, device=device)
-        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
-        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum").item()
+        for j, lg in enumerate(logits_of(ids)):
+            lg = lg[:, :-1].float()
+            ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum").item()
+            if j == len(totals):
+                totals.append(0.0)
+            totals[j] += ce
         count += ids[:, 1:].numel()
-    return total / count
+    return [t / count for t in totals]
 
 
 @torch.no_grad()

@@ -1,13 +1,26 @@
-"""Block objectives: what a student block is given and what it must output.
+"""Block objectives: what a student block is given, what it must output, and what that depends on.
 
-An objective is a function ``make_pair(x, y, ctx) -> (input, target)`` registered by name, where
-``x`` is the teacher's boundary i and ``y`` its boundary i+1 (float32 ``[batch, seq, hidden]``) and
-``ctx`` is an :class:`ObjectiveContext`. The block is trained to map ``input`` to ``target`` with
-:func:`regression_loss`. Adding one::
+An objective is one registered :class:`Objective` subclass that carries everything about it:
 
-    @register("my_objective")
-    def my_objective(x, y, ctx):
-        return x, y
+* ``make_pair(x, y, ctx) -> (input, target)``, where ``x`` is the teacher's boundary i and ``y``
+  its boundary i+1 (float32 ``[batch, seq, hidden]``) and ``ctx`` an :class:`ObjectiveContext`;
+* ``anchored``: whether the target is the teacher's *next* boundary. The ``channel`` loss
+  normalisation scales the error by the per-channel RMS of the boundary the target comes from:
+  boundary i+1 for anchored objectives, boundary i for unanchored ones (see :meth:`Objective.scale_boundary`);
+* ``reads``: the objective-specific train settings it uses (e.g. ``noise``). A setting that some
+  objective reads but the chosen one does not cannot change a block's result, so it is left out of
+  the block's hash (:func:`zgcore.train.effective_train`).
+
+The block is trained to map ``input`` to ``target`` with :func:`regression_loss`. Adding one::
+
+    @register
+    class MyObjective(Objective):
+        name = "my_objective"
+        anchored = False          # the target is not boundary i+1
+        reads = ("noise",)        # objective-specific settings it uses
+
+        def make_pair(self, x, y, ctx):
+            return x + noise_like(x, ctx), x
 
 Source: ZeroGraph (arXiv:2611.02200) — ``clean`` teacher-boundary regression composes; the
 unanchored ``denoise`` objective wins locally and fails to compose.
@@ -15,7 +28,6 @@ unanchored ``denoise`` objective wins locally and fails to compose.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -38,15 +50,50 @@ class ObjectiveContext:
     in_scale: torch.Tensor
 
 
-OBJECTIVES: dict[str, Callable[[torch.Tensor, torch.Tensor, ObjectiveContext], Pair]] = {}
+class Objective:
+    """Base of every objective; subclass it, set the class attributes, implement :meth:`make_pair`.
+
+    Attributes:
+        name: the value of ``train.objective`` that selects it.
+        anchored: ``True`` when the target is the teacher's boundary i+1 (the loss scale then comes
+            from boundary i+1), ``False`` for unanchored objectives (scale from boundary i).
+        reads: objective-specific train settings it reads (keys of ``train``), e.g. ``("noise",)``.
+    """
+
+    name: str = ""
+    anchored: bool = True
+    reads: tuple[str, ...] = ()
+
+    def make_pair(self, x: torch.Tensor, y: torch.Tensor, ctx: ObjectiveContext) -> Pair:
+        """``(input, target)``, each float32 ``[batch, seq, hidden]``, from boundaries ``x`` (i) and ``y`` (i+1)."""
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, ctx: ObjectiveContext) -> Pair:
+        return self.make_pair(x, y, ctx)
+
+    def scale_boundary(self, b_in: int, b_out: int) -> int:
+        """The boundary whose per-channel RMS scales the loss: ``b_out`` if anchored, else ``b_in``."""
+        return b_out if self.anchored else b_in
 
 
-def register(name: str):
-    """Decorator: register ``make_pair`` under ``name``."""
-    def deco(fn):
-        OBJECTIVES[name] = fn
-        return fn
-    return deco
+OBJECTIVES: dict[str, Objective] = {}
+
+
+def register(cls: type[Objective]) -> type[Objective]:
+    """Class decorator: register one instance of ``cls`` under ``cls.name``.
+
+    Raises:
+        ValueError: an empty name or one already registered.
+    """
+    if not cls.name or cls.name in OBJECTIVES:
+        raise ValueError(f"objective name {cls.name!r} is empty or already registered")
+    OBJECTIVES[cls.name] = cls()
+    return cls
+
+
+def objective_settings() -> set[str]:
+    """Every train setting some registered objective reads (the objective-specific settings)."""
+    return {k for o in OBJECTIVES.values() for k in o.reads}
 
 
 def per_position(scale: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -54,29 +101,46 @@ def per_position(scale: torch.Tensor, seq_len: int) -> torch.Tensor:
     return torch.cat([scale[:1], scale[1:2].expand(seq_len - 1, -1)], 0)
 
 
-def _noise_like(x: torch.Tensor, ctx: ObjectiveContext) -> torch.Tensor:
+def noise_like(x: torch.Tensor, ctx: ObjectiveContext) -> torch.Tensor:
+    """Gaussian noise shaped like ``x`` (drawn on the CPU from ``ctx.generator``), ``ctx.noise``
+    times the input boundary's per-channel RMS."""
     eps = torch.randn(x.shape, generator=ctx.generator, dtype=x.dtype, device="cpu").to(x.device)
     return ctx.noise * eps * per_position(ctx.in_scale, x.shape[1]).to(x.device)
 
 
-@register("clean")
-def clean(x: torch.Tensor, y: torch.Tensor, ctx: ObjectiveContext) -> Pair:
+@register
+class Clean(Objective):
     """Clean teacher-boundary regression: boundary i in, boundary i+1 as target."""
-    return x, y
+
+    name = "clean"
+
+    def make_pair(self, x, y, ctx):
+        return x, y
 
 
-@register("noisy")
-def noisy(x: torch.Tensor, y: torch.Tensor, ctx: ObjectiveContext) -> Pair:
+@register
+class Noisy(Objective):
     """Anchored regression with corrupted input: boundary i + per-channel-scaled Gaussian noise in,
     boundary i+1 as target."""
-    return x + _noise_like(x, ctx), y
+
+    name = "noisy"
+    reads = ("noise",)
+
+    def make_pair(self, x, y, ctx):
+        return x + noise_like(x, ctx), y
 
 
-@register("denoise")
-def denoise(x: torch.Tensor, y: torch.Tensor, ctx: ObjectiveContext) -> Pair:
+@register
+class Denoise(Objective):
     """Unanchored denoising: boundary i + noise in, clean boundary i as target. Nothing ties the
     block's output to the teacher's next boundary."""
-    return x + _noise_like(x, ctx), x
+
+    name = "denoise"
+    anchored = False
+    reads = ("noise",)
+
+    def make_pair(self, x, y, ctx):
+        return x + noise_like(x, ctx), x
 
 
 def regression_loss(pred: torch.Tensor, target: torch.Tensor, norm: str, target_scale: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,30 @@
+"""Work folders of training tasks: checkpoints and logs of an unfinished run, kept across interruptions."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+class Resumable:
+    """Mixin for a :class:`~tasks.base.ZGTask` that trains on :class:`zgcore.loop.TrainLoop`.
+
+    Its checkpoints live in ``<out_dir>.partial`` (same folder, so a rerun by any worker of the
+    same configuration resumes there). A failed run, non-finite values included, leaves the folder
+    with its last checkpoint for inspection; a finished run moves what it keeps into its output
+    and removes the rest.
+    """
+
+    @property
+    def work_dir(self) -> Path:
+        """Checkpoints and logs of an unfinished run (kept across interruptions)."""
+        return self.out_dir.with_name(self.out_dir.name + ".partial")
+
+    def keep_work(self, tmp: Path, names: tuple[str, ...]) -> None:
+        """Move the files ``names`` of the work folder into the output being built at ``tmp``."""
+        for name in names:
+            os.replace(self.work_dir / name, tmp / name)
+
+    def drop_work(self) -> None:
+        """Remove the work folder (after the output is complete)."""
+        shutil.rmtree(self.work_dir, ignore_errors=True)

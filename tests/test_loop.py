@@ -1,0 +1,109 @@
+"""The one training loop: non-finite values fail at once and keep the last checkpoint; checkpoints
+load with weights_only, a transient read error keeps the file, a malformed one is moved aside."""
+import errno
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import tiny_cfg
+from zgcore.loop import CKPT, NonFiniteError, TrainLoop, load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+T = {"lr": 1e-2, "weight_decay": 0.0, "grad_clip": 1.0, "warmup_steps": 0, "checkpoint_every": 2}
+
+
+def _loop(work, **t):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 3)
+    loop = TrainLoop("test", [list(lin.parameters())], {**T, **t}, 6, work, "h", {"lin": lin}, ["loss"])
+    x = torch.randn(4, 3)
+
+    def step_fn(batch, step):
+        loss = (lin(x) ** 2).mean() * batch
+        v = loop.check(step, "the loss", loss.item())
+        loop.zero_grad()
+        loss.backward()
+        loop.update(0, step)
+        return [v]
+    return loop, lin, step_fn
+
+
+def test_non_finite_loss_stops_at_once_and_keeps_the_last_checkpoint(tmp_path):
+    loop, lin, step_fn = _loop(tmp_path)
+    scale = [1.0, 1.0, 1.0, float("inf"), 1.0, 1.0]  # step 4 overflows
+    with pytest.raises(NonFiniteError, match=r"test: the loss is inf at step 4 of 6.*last checkpoint is kept.*Lower train.lr"):
+        loop.run(lambda s: iter(scale[s:]), step_fn)
+    assert load_checkpoint(tmp_path / CKPT)["step"] == 2  # taken before the fault, kept for inspection
+    assert not (tmp_path / "loss_log.csv").exists() and not (tmp_path / "train_state.pt").exists()
+
+
+def test_non_finite_gradient_norm_fails_even_without_clipping():
+    w = torch.nn.Parameter(torch.zeros(2))
+    loop = TrainLoop("test", [[w]], {**T, "grad_clip": 0}, 3, None, "h", {}, ["loss"])
+
+    def step_fn(batch, step):
+        loss = torch.sqrt(w).sum()  # 0: finite; its gradient at 0 is inf
+        v = loop.check(step, "the loss", loss.item())
+        loop.zero_grad()
+        loss.backward()
+        loop.update(0, step)
+        return [v]
+    with pytest.raises(NonFiniteError, match=r"the gradient norm is inf at step 1 of 3"):
+        loop.run(lambda s: iter([None] * 3), step_fn)
+    assert torch.equal(w.detach(), torch.zeros(2))  # no optimizer step was taken
+
+
+def test_checkpoint_io_error_keeps_the_file_and_malformed_ones_are_moved_aside(tmp_path, monkeypatch):
+    loop, lin, step_fn = _loop(tmp_path)
+    loop.run(lambda s: iter([1.0] * 6), step_fn)
+    good = tmp_path / "train_state.pt"
+    assert load_checkpoint(good)["step"] == 6
+    real_load = torch.load
+
+    def flaky(*a, **k):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(torch, "load", flaky)
+    with pytest.raises(OSError, match="could not be read.*it is kept"):
+        load_checkpoint(good)
+    assert good.exists() and not good.with_name(good.name + ".corrupt").exists()
+    monkeypatch.setattr(torch, "load", real_load)
+    # truncated: moved aside, not used
+    bad = tmp_path / "truncated.pt"
+    bad.write_bytes(good.read_bytes()[:300])
+    assert load_checkpoint(bad) is None and not bad.exists() and bad.with_name("truncated.pt.corrupt").exists()
+
+
+class _Boom:
+    def __reduce__(self):
+        return (Path.touch, (Path(BOOM),))
+
+
+BOOM = ""
+
+
+def test_checkpoints_never_unpickle_code(tmp_path):
+    global BOOM
+    BOOM = str(tmp_path / "pwned")
+    path = tmp_path / CKPT
+    torch.save({"format": 2, "modules": {}, "optimizers": [], "torch_rng": torch.get_rng_state(), "step": 1,
+                "log": [_Boom()], "run_hash": "h"}, path)
+    assert load_checkpoint(path) is None  # refused by weights_only: moved aside
+    assert not Path(BOOM).exists() and path.with_name(CKPT + ".corrupt").exists()
+
+
+def test_trainblock_with_exploding_lr_fails_with_a_message_and_leaves_no_output(tmp_path):
+    out = tmp_path / "o"
+    r = subprocess.run([sys.executable, "-m", "luigi", "--module", "workflows", "RunExperiment", "--local-scheduler",
+                        "--preset", "", "--outputs", str(out), "--set",
+                        tiny_cfg(**{"train.lr": 1e9, "train.grad_clip": 0, "train.max_steps": 12, "train.checkpoint_every": 1})],
+                       cwd=ROOT, capture_output=True, text=True)
+    log = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "NonFiniteError: TrainBlock block0-clean-cached-s0: the loss is" in log and "Lower train.lr (now 1e+09)" in log
+    assert "set train.grad_clip > 0 (now 0" in log
+    assert not [p for p in out.glob("TrainBlock/*") if not p.name.endswith(".partial")]  # no output folder
+    assert list(out.glob("TrainBlock/block0-*.partial/checkpoint.pt"))  # the last good checkpoint is kept
+    assert not list(out.glob("Assemble/*"))

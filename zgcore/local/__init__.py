@@ -1,0 +1,53 @@
+"""Greedy local learning for LM pretraining: K gradient-isolated blocks, auxiliary heads, MTP.
+
+Source: "Greedy Local Learning for Language Model Pretraining: Gaps and Objective Design"
+(arXiv 2610.04867). A decoder-only Llama-style LM is trained from scratch, split into ``K`` blocks
+of consecutive layers. Block ``j`` (0-based) owns layers ``[b_j, b_{j+1})``; block 0 also owns
+the token embedding, the last block also owns the final norm and LM head. Each block reads the
+previous block's output *detached* (no gradient crosses a boundary; communication between blocks
+is forward-only) and steps its own AdamW optimizer. Every non-final block trains through a local
+auxiliary head at its output boundary:
+
+* ``mlp`` — a residual SwiGLU MLP, then RMSNorm and an LM head;
+* ``transformer`` — one Llama decoder layer, then RMSNorm and an LM head.
+
+The last block trains through the model's own final norm and LM head. An optional multi-token
+prediction (MTP) objective at chosen boundaries adds, for offsets ``k = 2..n``, a small residual
+MLP on the aux head's trunk that predicts token ``t + k`` through the same aux LM head; its mean CE
+is added with weight ``mtp_weight`` (0.3 as DeepSeek-V3's MTP lambda). ``K = 1`` is ordinary
+end-to-end backprop, bit for bit.
+
+Boundaries are numbered ``1..K``: boundary ``i`` is the output of block ``i - 1``; boundaries
+``1..K-1`` carry aux heads (and may carry MTP), boundary ``K`` is the model's output.
+
+Two execution modes compute the same update: ``together`` (every block's forward on the batch,
+one backward over the sum of the block losses, then every optimizer steps) and ``per_block``
+(block by block: forward, backward, step, keep only the detached boundary activation). Their peak
+activation memory is measured, not computed: see :class:`zgcore.memory.SavedTensorMeter`.
+
+The package owns local learning and is split along its seams: :mod:`.config` (``LOCAL_DEFAULTS``,
+validation, study expansion, boundaries), :mod:`.model` (the model, its aux heads, the per-block
+forward, save/load), :mod:`.training` (data order, execution modes on the one training loop
+:class:`zgcore.loop.TrainLoop`, memory, evaluation) and :mod:`.report` (report, Markdown, plot).
+This module re-exports their public names. The library never imports Luigi; a bad configuration
+raises :class:`zgcore.config.ConfigError` before any expensive work.
+"""
+from __future__ import annotations
+
+from ..loop import data_order, lr_at
+from ..memory import SavedTensorMeter
+from .config import (AUX_HEADS, EXECUTIONS, LOCAL_DEFAULTS, MTP_CHOICES, UNHASHED_TOP, VOCABS, boundaries, expand_study,
+                     mtp_boundaries_for, normalise_run, resolve_local, steps_for, validate_local, validate_model,
+                     validate_train)
+from .model import (AuxHead, LocalLM, ResidualMLP, TransformerTrunk, build_local, llama_config, load_local, mtp_targets,
+                    remap, save_local, shifted_ce, vocab_ids)
+from .report import plot_gap_vs_k, report_markdown, study_report
+from .training import (STEPS, batch_indices, evaluate_local, measure_activation_memory, step_per_block, step_together,
+                       train_local)
+
+__all__ = ["AUX_HEADS", "EXECUTIONS", "LOCAL_DEFAULTS", "MTP_CHOICES", "UNHASHED_TOP", "VOCABS", "AuxHead", "LocalLM",
+           "ResidualMLP", "STEPS", "SavedTensorMeter", "TransformerTrunk", "batch_indices", "boundaries", "build_local",
+           "data_order", "evaluate_local", "expand_study", "llama_config", "load_local", "lr_at",
+           "measure_activation_memory", "mtp_boundaries_for", "mtp_targets", "normalise_run", "plot_gap_vs_k", "remap",
+           "report_markdown", "resolve_local", "save_local", "shifted_ce", "step_per_block", "step_together",
+           "steps_for", "study_report", "train_local", "validate_local", "validate_model", "validate_train", "vocab_ids"]

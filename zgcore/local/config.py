@@ -1,0 +1,253 @@
+"""Local-learning configuration: defaults (``LOCAL_DEFAULTS``), validation, the study's expansion
+into normalised configurations (what a configuration's hash covers), block boundaries and the
+step count of a token budget.
+
+Validation reuses :mod:`zgcore.config`'s checks (unknown keys, integers, the corpus section); a bad
+value raises :class:`zgcore.config.ConfigError` naming the key, before any expensive work.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+from typing import Any, Mapping
+
+from ..config import (DEFAULTS as _MAIN_DEFAULTS, ConfigError, _check_keys, _positive_int, deep_merge, load_file,
+                      parse_overrides, resolve_boundaries, validate_corpus)
+
+AUX_HEADS = ("mlp", "transformer")
+EXECUTIONS = ("together", "per_block")
+VOCABS = ("compact", "full")
+MTP_CHOICES = ("off", "first", "all")
+
+LOCAL_DEFAULTS: dict[str, Any] = {
+    "name": "local-default",
+    # Only the tokenizer of this teacher spec is used (PrepareTeacher + PrepareCorpus); no teacher weights.
+    "tokenizer": "smollm2-135m",
+    "device": "cpu",
+    "corpus": {**_MAIN_DEFAULTS["corpus"], "seq_len": 128},
+    "model": {
+        "n_layers": 8,
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "rope_theta": 10000.0,
+        # "compact": the model's vocabulary is the token ids present in the token store (train and val),
+        # renumbered in sorted order; "full": the tokenizer's whole vocabulary.
+        "vocab": "compact",
+    },
+    "train": {
+        "token_budget": 163840,  # tokens seen by every configuration (floored to whole batches)
+        "batch_size": 8,
+        "lr": 3e-3,
+        "warmup_steps": 10,
+        "weight_decay": 0.0,
+        "grad_clip": 1.0,
+        "seed": 0,  # model and aux-head initialisation
+        "data_seed": 0,  # batch order; shared by every configuration of a study
+        "execution": "together",
+        "log_every": 10,
+        "checkpoint_every": 50,  # steps between checkpoints of a PretrainLocal (resume); not hashed
+    },
+    "local": {
+        "K": 1,
+        "aux": "mlp",
+        "mtp_boundaries": [],  # boundaries 1..K-1 that add the MTP objective
+        "mtp_n": 2,  # predict the next n tokens (offsets 1..n) at an MTP boundary
+        "mtp_weight": 0.3,
+    },
+    "study": {"K": [1, 2, 4], "aux": ["mlp", "transformer"], "mtp": ["off", "first", "all"]},
+    "eval": {"batch_size": 16, "max_sequences": 0},
+}
+UNHASHED_TOP = {"name", "device"}
+
+
+# ----------------------------------------------------------------------------- configuration
+
+def _int(where: str, v: Any, lo: int = 1) -> int:
+    _positive_int(where, v, zero_ok=lo == 0)
+    return int(v)
+
+
+def _num(where: str, v: Any, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise ConfigError(f"{where} must be a {'positive' if positive else 'non-negative'} number, got {v!r}")
+    return float(v)
+
+
+def validate_model(m: Mapping[str, Any]) -> None:
+    """Check the ``model`` section. Raises :class:`ConfigError`."""
+    _check_keys("model", m, LOCAL_DEFAULTS["model"])
+    for k in ("n_layers", "hidden_size", "intermediate_size", "n_heads", "n_kv_heads"):
+        _int(f"model.{k}", m[k])
+    if m["hidden_size"] % m["n_heads"]:
+        raise ConfigError(f"model.hidden_size={m['hidden_size']} must be divisible by model.n_heads={m['n_heads']}")
+    if m["n_heads"] % m["n_kv_heads"]:
+        raise ConfigError(f"model.n_heads={m['n_heads']} must be divisible by model.n_kv_heads={m['n_kv_heads']}")
+    if (m["hidden_size"] // m["n_heads"]) % 2:
+        raise ConfigError("model.hidden_size / model.n_heads must be even (rotary embeddings rotate pairs)")
+    _num("model.rope_theta", m["rope_theta"], positive=True)
+    if m["vocab"] not in VOCABS:
+        raise ConfigError(f"model.vocab must be one of {VOCABS}, got {m['vocab']!r}")
+
+
+def validate_local(loc: Mapping[str, Any], n_layers: int) -> None:
+    """Check one configuration's ``local`` section against a model of ``n_layers`` layers.
+
+    Raises:
+        ConfigError: ``K`` above the layer count, an unknown aux head, an MTP boundary that does
+            not exist (valid: ``1..K-1``), or ``mtp_n < 2`` where MTP is on.
+    """
+    _check_keys("local", loc, LOCAL_DEFAULTS["local"])
+    k = _int("local.K", loc["K"])
+    if k > n_layers:
+        raise ConfigError(f"local.K={k} exceeds the model's {n_layers} layers (model.n_layers): each block needs at least one layer")
+    if k > 1 and loc["aux"] not in AUX_HEADS:
+        raise ConfigError(f"unknown aux head local.aux={loc['aux']!r}; known: {', '.join(AUX_HEADS)}")
+    bs = loc["mtp_boundaries"]
+    if not isinstance(bs, (list, tuple)) or not all(isinstance(b, int) and not isinstance(b, bool) for b in bs):
+        raise ConfigError(f"local.mtp_boundaries must be a list of boundary numbers, got {bs!r}")
+    for b in bs:
+        if not 1 <= b <= k - 1:
+            where = "there are none (K=1 has no boundary between blocks)" if k == 1 else f"they are 1..{k - 1}"
+            raise ConfigError(f"MTP at boundary {b} does not exist: with K={k} the boundaries that carry an aux head "
+                              f"are numbered from 1 (output of block 0) and {where}")
+    if len(set(bs)) != len(bs):
+        raise ConfigError(f"local.mtp_boundaries repeats a boundary: {list(bs)}")
+    if bs and _int("local.mtp_n", loc["mtp_n"]) < 2:
+        raise ConfigError(f"local.mtp_n must be >= 2 (next n tokens) where MTP is on, got {loc['mtp_n']!r}")
+    _num("local.mtp_weight", loc["mtp_weight"])
+
+
+def validate_train(t: Mapping[str, Any], seq_len: int) -> None:
+    """Check the ``train`` section. Raises :class:`ConfigError`."""
+    _check_keys("train", t, LOCAL_DEFAULTS["train"])
+    b = _int("train.batch_size", t["batch_size"])
+    budget = _int("train.token_budget", t["token_budget"])
+    if budget < b * seq_len:
+        raise ConfigError(f"train.token_budget={budget} is below one batch ({b} x {seq_len} = {b * seq_len} tokens)")
+    _num("train.lr", t["lr"], positive=True)
+    _num("train.weight_decay", t["weight_decay"])
+    _num("train.grad_clip", t["grad_clip"])
+    for k in ("warmup_steps", "seed", "data_seed"):
+        _int(f"train.{k}", t[k], lo=0)
+    _int("train.log_every", t["log_every"])
+    _int("train.checkpoint_every", t["checkpoint_every"])
+    if t["execution"] not in EXECUTIONS:
+        raise ConfigError(f"train.execution must be one of {EXECUTIONS}, got {t['execution']!r}")
+
+
+def normalise_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Canonical form of one configuration ``{"model", "train", "local"}``: K=1 has no aux head
+    or MTP (``aux="none"``, ``mtp_boundaries=[]``), MTP boundaries sorted, settings that cannot
+    matter dropped from ``local``, so equal computations hash alike."""
+    run = copy.deepcopy(dict(run))
+    loc = run["local"]
+    if int(loc["K"]) == 1:
+        loc.update(aux="none", mtp_boundaries=[])
+    loc["K"] = int(loc["K"])
+    loc["mtp_boundaries"] = sorted(int(b) for b in loc["mtp_boundaries"])
+    if not loc["mtp_boundaries"]:
+        loc.update(mtp_n=1, mtp_weight=0.0)
+    run["train"] = {k: v for k, v in run["train"].items() if k not in ("log_every", "checkpoint_every")}
+    return run
+
+
+def mtp_boundaries_for(choice: Any, k: int) -> list[int]:
+    """Expand a study's MTP choice for ``K=k``: ``"off"`` → [], ``"first"`` → [1], ``"all"`` →
+    [1..k-1], or an explicit list of boundaries (checked later). Raises :class:`ConfigError`."""
+    if isinstance(choice, (list, tuple)):
+        return [int(b) for b in choice]
+    if choice is False or choice == "off":  # YAML 1.1 reads a bare `off` in an override as False
+        return []
+    if choice == "first":
+        return [1] if k > 1 else []
+    if choice == "all":
+        return list(range(1, k))
+    raise ConfigError(f"study.mtp entries must be one of {MTP_CHOICES} or a list of boundaries, got {choice!r}")
+
+
+def resolve_local(file: str | os.PathLike | None = None, overrides: str | Mapping | None = None,
+                  base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Build a full local-learning study config: ``LOCAL_DEFAULTS`` < ``base`` (a preset) < file <
+    overrides (``"local.K=2 model.n_layers=4"``), then validate everything, including every
+    configuration the study expands to.
+
+    Raises:
+        ConfigError: any unknown key or bad value, with what to fix.
+    """
+    cfg = deep_merge(LOCAL_DEFAULTS, base or {})
+    if file:
+        cfg = deep_merge(cfg, load_file(file))
+    if overrides:
+        cfg = deep_merge(cfg, parse_overrides(overrides) if isinstance(overrides, str) else overrides)
+    _check_keys("local-learning study", cfg, LOCAL_DEFAULTS)
+    for sec in ("corpus", "model", "train", "local", "study", "eval"):
+        if not isinstance(cfg[sec], Mapping):
+            raise ConfigError(f"`{sec}` must be a mapping")
+    _check_keys("corpus", cfg["corpus"], LOCAL_DEFAULTS["corpus"])
+    validate_corpus(cfg["corpus"])
+    validate_model(cfg["model"])
+    validate_train(cfg["train"], int(cfg["corpus"]["seq_len"]))
+    _check_keys("study", cfg["study"], LOCAL_DEFAULTS["study"])
+    _check_keys("eval", cfg["eval"], LOCAL_DEFAULTS["eval"])
+    _int("eval.batch_size", cfg["eval"]["batch_size"])
+    _int("eval.max_sequences", cfg["eval"]["max_sequences"], lo=0)
+    validate_local(cfg["local"], cfg["model"]["n_layers"])
+    expand_study(cfg)  # validates every configuration of the sweep
+    return cfg
+
+
+def expand_study(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The study's configurations: every ``K x aux x mtp`` of ``cfg["study"]`` (K=1 once, as the
+    end-to-end baseline), each ``{"K", "aux", "mtp", "run"}`` where ``run`` is a normalised
+    configuration (see :func:`normalise_run`). Cells that compute the same thing (``first`` and
+    ``all`` at K=2) share one ``run``. An empty ``study.K`` means the single ``local`` configuration.
+
+    Raises:
+        ConfigError: an invalid configuration in the sweep, or a study without K=1 (no baseline).
+    """
+    st = cfg["study"]
+    ks, auxs, mtps = list(st["K"] or []), list(st["aux"] or []), list(st["mtp"] or [])
+    base = {"model": dict(cfg["model"]), "train": dict(cfg["train"]), "local": dict(cfg["local"])}
+    if not ks:
+        validate_local(base["local"], cfg["model"]["n_layers"])
+        run = normalise_run(base)
+        return [{"K": run["local"]["K"], "aux": run["local"]["aux"], "mtp": "custom", "run": run}]
+    if 1 not in ks:
+        raise ConfigError(f"study.K={ks} must include 1: K=1 (end-to-end backprop) is the baseline every gap is measured against")
+    if not auxs or not mtps:
+        raise ConfigError("study.aux and study.mtp must each list at least one choice")
+    cells = []
+    for k in ks:
+        _int("study.K entry", k)
+        for aux in (["none"] if k == 1 else auxs):
+            for mtp in (["off"] if k == 1 else mtps):
+                loc = {**cfg["local"], "K": int(k), "aux": aux if k > 1 else cfg["local"]["aux"],
+                       "mtp_boundaries": mtp_boundaries_for(mtp, int(k))}
+                validate_local(loc, cfg["model"]["n_layers"])
+                label = "off" if mtp is False else mtp if isinstance(mtp, str) else str(list(mtp))
+                cells.append({"K": int(k), "aux": aux, "mtp": label,
+                              "run": normalise_run({**base, "local": loc})})
+    return cells
+
+
+def boundaries(n_layers: int, k: int) -> list[int]:
+    """Layer indices ``0 = b_0 < b_1 < ... < b_K = n_layers`` splitting ``n_layers`` layers into
+    ``k`` consecutive blocks, computed as ZeroGraph computes its partitions
+    (:func:`zgcore.config.resolve_boundaries`: ``round(j * n_layers / k)``).
+
+    Raises:
+        ConfigError: ``k`` outside ``1..n_layers``.
+    """
+    if not 1 <= k <= n_layers:
+        raise ConfigError(f"K={k} blocks need 1 <= K <= {n_layers} (the layer count)")
+    return resolve_boundaries({"boundaries": None, "num_blocks": k}, n_layers)
+
+
+def steps_for(t: Mapping[str, Any], seq_len: int) -> int:
+    """Optimizer steps for the token budget: ``token_budget // (batch_size * seq_len)``."""
+    return int(t["token_budget"]) // (int(t["batch_size"]) * int(seq_len))
+
+
