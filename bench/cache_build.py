@@ -1,14 +1,15 @@
 """Figure 1: cache build time / teacher forward-only time over the same tokens.
 
-The cache build is :func:`zgcore.boundary_store.write_store` (every boundary captured, rounded
-to the storage dtype, written to HDF5, statistics, atomic rename). The physical floor is the
+The cache build is :func:`zgcore.boundary_store.build_store` (every shard: every boundary
+captured, checked finite, rounded to the storage dtype, written to checksummed HDF5 with its
+SHA-256; then the join's manifest and statistics; atomic rename). The physical floor is the
 same teacher forwards with only the last boundary captured and nothing written
 (:func:`zgcore.adapters.capture_boundaries` with ``[n_layers]``), over the same rows with the
 same batch size.
 
 The two are interleaved batch by batch so that a neighbour's load on a shared machine hits both
-alike: write_store calls its ``progress`` hook after each batch, and the hook runs the
-forward-only pass on the rows just written. The hook's own time is subtracted from write_store's
+alike: build_store calls its ``progress`` hook after each batch, and the hook runs the
+forward-only pass on the rows just written. The hook's own time is subtracted from build_store's
 wall time.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from zgcore.adapters import capture_boundaries
-from zgcore.boundary_store import write_store
+from zgcore.boundary_store import build_store
 
 
 def measure(teacher, tokens: dict[str, np.ndarray], boundaries: list[int], dtype: str, batch_size: int,
@@ -45,9 +46,9 @@ def measure(teacher, tokens: dict[str, np.ndarray], boundaries: list[int], dtype
         state["hook"] += time.perf_counter() - h0
 
     t0 = time.perf_counter()
-    write_store(path, teacher, tokens, boundaries, dtype, batch_size, {"bench": True}, progress=hook,
-                log=lambda m: None)
+    man = build_store(path, teacher, tokens, boundaries, dtype, batch_size, {"bench": True}, progress=hook,
+                      log=lambda m: None)
     total = time.perf_counter() - t0
     build = total - state["hook"]
     return {"sequences": int(len(rows)), "tokens": int(rows.size), "build_s": build, "forward_s": state["fwd"],
-            "ratio": build / state["fwd"], "store_bytes": path.stat().st_size}
+            "ratio": build / state["fwd"], "store_bytes": man["bytes"]}

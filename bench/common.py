@@ -125,3 +125,61 @@ def reset_peak_rss() -> bool:
 
 def dump(path: str | os.PathLike, obj) -> None:
     Path(path).write_text(json.dumps(obj, indent=1, sort_keys=True))
+
+
+def random_teacher(path: str | os.PathLike, n_layers: int, hidden: int, intermediate: int, heads: int = 16,
+                   kv_heads: int = 4, layers_per_file: int = 8, seed: int = 0) -> dict[str, int]:
+    """Write a randomly initialised Llama teacher (byte tokenizer, vocabulary 260) as a Hugging
+    Face folder with sharded safetensors, one group of layers at a time, so that writing a large
+    teacher never holds it whole in memory. Returns ``{"fp32_bytes", "per_layer_fp32_bytes"}``."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from zgcore.teacher import byte_tokenizer
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = LlamaConfig(num_hidden_layers=n_layers, hidden_size=hidden, intermediate_size=intermediate,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=260, max_position_embeddings=512,
+                      bos_token_id=256, eos_token_id=256, tie_word_embeddings=True)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_config(cfg).state_dict().items() if k != "lm_head.weight"}
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda k: torch.ones(shapes[k]) if k.endswith("norm.weight") else torch.randn(shapes[k], generator=gen) * 0.02
+    groups = [[k for k in shapes if not k.startswith("model.layers.")]]
+    for lo in range(0, n_layers, layers_per_file):
+        groups.append([k for k in shapes if k.startswith("model.layers.") and lo <= int(k.split(".")[2]) < lo + layers_per_file])
+    weight_map, total = {}, 0
+    for i, keys in enumerate(groups):
+        name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {k: make(k).contiguous() for k in keys}
+        save_file(tensors, str(path / name), metadata={"format": "pt"})
+        total += sum(t.numel() * 4 for t in tensors.values())
+        weight_map.update({k: name for k in keys})
+        del tensors
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    cfg.save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    per_layer = sum(int(np.prod(shapes[k])) * 4 for k in shapes if k.startswith("model.layers.0."))
+    return {"fp32_bytes": total, "per_layer_fp32_bytes": per_layer}
+
+
+def find_task(cfg_overrides: str, outputs: str | os.PathLike, family: str, index: int = 0):
+    """The ``index``-th task of ``family`` in the experiment graph of ``cfg_overrides`` (no preset)."""
+    from workflows.cli import walk
+    from workflows.experiment import build_experiment, load_config
+
+    tasks = [t for t in walk(build_experiment(load_config(overrides=cfg_overrides, preset=""), str(outputs)))
+             if t.get_task_family() == family]
+    return tasks[index]
+
+
+def run_script(main, flag: str, child) -> None:
+    """A benchmark script's entry point: ``script FLAG SPEC`` runs ``child(SPEC)`` (a subprocess
+    of the benchmark), anything else exits with ``main()``'s code."""
+    import sys
+
+    if len(sys.argv) > 2 and sys.argv[1] == flag:
+        child(sys.argv[2])
+    else:
+        sys.exit(main())

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             tokens = split_tokens(rows[:n])
             log(f"[{scale}] figure 1: cache build vs forward-only over {n} sequences "
                 f"({len(tokens['train'])} train + {len(tokens['val'])} val)")
-            store = work / f"boundaries-{scale}.h5"
+            store = work / f"boundaries-{scale}"
             f1 = cache_build.measure(teacher, tokens, boundaries, a.dtype, a.batch_size, store)
             log(f"[{scale}] figure 1: build {f1['build_s']:.1f} s / forward {f1['forward_s']:.1f} s = {f1['ratio']:.3f}")
             f23 = train_step.measure(teacher, store, tokens["train"], boundaries, kept, t, a.dtype, a.batch_size,
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
                     save_file(build_block(teacher, k, t["init"], block_seed(int(t["seed"]), i)).layer_state_dict(), str(path))
                     init_files.append(str(path))
                 res["fig4"] = memory.measure(rec, boundaries, kept, init_files, store, t, a.mem_steps, work)
-            store.unlink()
+            shutil.rmtree(store)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -53,7 +53,7 @@ class PretrainLocal(Resumable, _LocalTask):
     ``<out_dir>.partial`` and resumes from there, bitwise-identical to an uninterrupted run; a
     non-finite loss or gradient norm fails it at once (:class:`zgcore.loop.NonFiniteError`)."""
 
-    code_deps = ("zgcore.local", "zgcore.corpus:read_tokens")
+    code_deps = ("zgcore.local", "zgcore.loop", "zgcore.corpus:read_tokens")
 
     def requires(self):
         return self.corpus_task()

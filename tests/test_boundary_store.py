@@ -1,9 +1,12 @@
+import json
+
 import h5py
 import numpy as np
 import pytest
 import torch
 
-from zgcore.boundary_store import BoundaryReader, BoundaryStoreError, write_store
+from zgcore.boundary_store import (BoundaryReader, BoundaryStoreError, STATS_SEQUENCES, build_store, channel_rms,
+                                   join_shards, plan_shards)
 from zgcore.adapters import capture_boundaries
 from zgcore.teacher import load, materialise
 
@@ -14,37 +17,91 @@ def store(tmp_path_factory):
     model, _ = load(materialise("tiny-llama", outputs=d))
     rng = np.random.default_rng(0)
     tokens = {"train": rng.integers(0, 256, (10, 16)).astype(np.int32), "val": rng.integers(0, 256, (3, 16)).astype(np.int32)}
-    path = d / "boundaries.h5"
-    write_store(path, model, tokens, [0, 2, 4], "float32", 4, {"teacher_fingerprint": "abc"}, log=lambda m: None)
+    path = d / "store"
+    build_store(path, model, tokens, [0, 2, 4], "float32", 4, {"teacher_fingerprint": "abc"}, shard_sequences=4,
+                log=lambda m: None)
     return path, model, tokens
 
 
 def test_store_holds_exact_teacher_boundaries(store):
     path, model, tokens = store
-    ids = torch.from_numpy(tokens["train"][[7, 2]].astype(np.int64))
+    ids = torch.from_numpy(tokens["train"][[7, 2, 7]].astype(np.int64))
     ref = capture_boundaries(model, ids, [0, 2, 4])
     with BoundaryReader(path, expect={"teacher_fingerprint": "abc", "boundaries": [0, 2, 4]}) as r:
-        assert r.n("train") == 10 and r.n("val") == 3
+        assert r.n("train") == 10 and r.n("val") == 3 and r.manifest["n_shards"] == 4  # 3 train shards + 1 val
         for b in (0, 2, 4):
-            assert torch.equal(r.read("train", b, [7, 2]), ref[b])  # any order, exact bytes
+            assert torch.equal(r.read("train", b, [7, 2, 7]), ref[b])  # any order, repeats, across shards: exact bytes
         st = r.stats(4)
         assert st.shape == (2, model.config.hidden_size) and (st > 0).all()
+        # the statistics are the one channel_rms over the first STATS_SEQUENCES training sequences
+        all_train = capture_boundaries(model, torch.from_numpy(tokens["train"][:STATS_SEQUENCES].astype(np.int64)), [4])[4]
+        assert torch.equal(st, channel_rms(all_train))
         batches = list(r.batches("train", 0, 2, np.arange(10), 4))
         assert [k for k, _, _ in batches] == [0, 1, 2] and batches[-1][1].shape[0] == 2
 
 
+def test_plan_shards_tiles_each_split():
+    assert plan_shards({"train": 10, "val": 3}, 4) == [("train", 0, 4), ("train", 4, 8), ("train", 8, 10), ("val", 0, 3)]
+    with pytest.raises(ValueError, match="at least 1"):
+        plan_shards({"train": 10, "val": 3}, 0)
+
+
 def test_manifest_mismatch_and_truncation_are_detected(store, tmp_path):
+    import shutil
+
     path, _, _ = store
     with pytest.raises(BoundaryStoreError, match="teacher_fingerprint"):
         BoundaryReader(path, expect={"teacher_fingerprint": "other"})
-    bad = tmp_path / "truncated.h5"
-    bad.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(BoundaryStoreError):
-        BoundaryReader(bad)
-    short = tmp_path / "short.h5"
-    short.write_bytes(path.read_bytes())
-    with h5py.File(short, "a") as f:
-        del f["train/b2"]
-        f.create_dataset("train/b2", data=np.zeros((5, 16, 32), np.float32))
-    with pytest.raises(BoundaryStoreError, match="train/b2"):
-        BoundaryReader(short)
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    f = next(copy.glob("shards/train-00000004/b2.h5"))
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with BoundaryReader(copy) as r, pytest.raises(BoundaryStoreError, match="train-00000004/b2.h5"):
+        r.read("train", 2, [5])
+
+
+def test_shards_that_disagree_are_refused_by_the_join(store, tmp_path):
+    import shutil
+
+    path, _, _ = store
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    shards = sorted(p for p in (copy / "shards").iterdir())
+    rec_path = shards[1] / "shard.json"
+    rec = json.loads(rec_path.read_text())
+    rec["hidden_size"] = 64
+    rec_path.write_text(json.dumps(rec))
+    out = tmp_path / "join"
+    out.mkdir()
+    with pytest.raises(BoundaryStoreError, match=f"{shards[1].name}.*hidden_size"):
+        join_shards(out, shards, {"train": 10, "val": 3}, {"teacher_fingerprint": "abc"})
+    rec["hidden_size"] = 32
+    rec["teacher_fingerprint"] = "other"
+    rec_path.write_text(json.dumps(rec))
+    with pytest.raises(BoundaryStoreError, match="teacher_fingerprint"):
+        join_shards(out, shards, {"train": 10, "val": 3}, {"teacher_fingerprint": "abc"})
+    with pytest.raises(BoundaryStoreError, match="do not tile"):
+        join_shards(out, [s for s in shards if s != shards[1]], {"train": 10, "val": 3}, {})
+
+
+def test_every_boundary_dataset_is_checksummed(store):
+    path, _, _ = store
+    for f in path.glob("shards/*/b*.h5"):
+        with h5py.File(f, "r") as h:
+            assert h["h"].fletcher32 and h["h"].chunks == (1, 16, 32)
+
+
+def test_a_teacher_that_produces_non_finite_boundaries_fails_the_build_and_online_targets(store, tmp_path):
+    import copy
+
+    from zgcore.boundary_store import OnlineBoundaries
+
+    _, model, tokens = store
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.model.layers[1].mlp.down_proj.weight[0, 0] = float("inf")
+    with pytest.raises(BoundaryStoreError, match="boundary 2, train sequences 0..3.*non-finite"):
+        build_store(tmp_path / "s", broken, tokens, [0, 2, 4], "float32", 4, {}, log=lambda m: None)
+    assert not (tmp_path / "s").exists()  # nothing partial under the final name
+    with pytest.raises(BoundaryStoreError, match="non-finite"):
+        OnlineBoundaries(broken, tokens["train"], [0, 2], "float32", 4)

@@ -22,7 +22,13 @@ def test_cuda_tasks_claim_one_gpu(tmp_path, device):
         assert t.process_resources() == want  # what the worker sends to the scheduler
     claims = {t.get_task_family(): t.resources for t in tasks}
     assert claims["TrainBlock"] == claims["Assemble"] == claims["Evaluate"] == {"gpu": 1}
-    assert claims["TeacherBoundary"] == {"gpu": 1}  # the teacher cache runs on the experiment's device too
+    assert claims["TeacherBoundary"] == {}  # the join reads shard records only
+    from tasks.pipeline import BoundaryShard
+
+    tb = next(t for t in tasks if t.get_task_family() == "TeacherBoundary")
+    shard = BoundaryShard(teacher=tb.teacher, corpus=tb.corpus, boundary=tb.boundary, split="train", lo=0, hi=8,
+                          outputs=tb.outputs, device=device)
+    assert shard.resources == {"gpu": 1}  # the teacher forward runs on the experiment's device
     assert claims["PrepareTeacher"] == claims["PrepareCorpus"] == {}  # CPU-only steps never hold a GPU slot
     assert sum(t.resources == {"gpu": 1} for t in tasks if t.get_task_family() == "TrainBlock") == 2
 

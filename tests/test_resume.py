@@ -42,7 +42,7 @@ def test_sigkill_mid_block_resumes_to_identical_bytes(tmp_path, device):
     assert ckpts, "no checkpoint appeared before the run ended"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    boundary_mtime = next(out.glob("TeacherBoundary/*/boundaries.h5")).stat().st_mtime_ns
+    boundary_mtime = next(out.glob("BoundaryShard/train-*/b0.h5")).stat().st_mtime_ns
     assert not list(out.glob("Evaluate/*"))  # it really died before the end
 
     rerun = subprocess.run(_cmd(out, device), cwd=ROOT, env=env, capture_output=True, text=True)
@@ -50,7 +50,7 @@ def test_sigkill_mid_block_resumes_to_identical_bytes(tmp_path, device):
     log = rerun.stdout + rerun.stderr
     assert "resumed from step" in log
     assert "TeacherBoundary" not in [l.split("running")[-1].split("(")[0].strip() for l in log.splitlines() if " running " in l]
-    assert next(out.glob("TeacherBoundary/*/boundaries.h5")).stat().st_mtime_ns == boundary_mtime  # cache not rebuilt
+    assert next(out.glob("BoundaryShard/train-*/b0.h5")).stat().st_mtime_ns == boundary_mtime  # cache not rebuilt
     assert _blocks(out) == _blocks(ref) and len(_blocks(ref)) == 2  # byte-identical block weights
     assert not list(out.glob("TrainBlock/*.partial"))
 
@@ -76,11 +76,12 @@ def test_damaged_checkpoint_and_cache_are_detected_not_used(tmp_path, run_graph)
     assert ok and ("TrainBlock", "block0-clean-cached-s0") in ran
     assert not partial.exists()
     assert _blocks(out) == _blocks(ref)
-    # a truncated boundary store is rebuilt (the damaged one kept aside) as soon as a block needs it
-    h5 = next(out.glob("TeacherBoundary/*/boundaries.h5"))
+    # a truncated shard file is rebuilt (the damaged shard kept aside) as soon as a block needs it
+    h5 = next(out.glob("BoundaryShard/train-*/b2.h5"))
     h5.write_bytes(h5.read_bytes()[:1000])
-    ok, ran = run_graph(RunExperiment(preset="", set=cfg + " blocks.1.lr=0.003", outputs=str(out)))
+    ok, ran = run_graph(RunExperiment(preset="", set=cfg + " blocks.1.lr=0.003", outputs=out))
     assert ok and ("TeacherBoundary", "boundaries") in ran
-    assert list(out.glob("TeacherBoundary/*.damaged-*"))
-    fresh = [p for p in out.glob("TeacherBoundary/*/boundaries.h5") if ".damaged-" not in p.parent.name]
+    assert [f for f, _ in ran].count("BoundaryShard") == 1  # only the damaged shard, not the val one
+    assert list(out.glob("BoundaryShard/train-*.damaged-*"))
+    fresh = [p for p in out.glob("BoundaryShard/train-*/b2.h5") if ".damaged-" not in p.parent.name]
     assert len(fresh) == 1 and fresh[0].stat().st_size > 1000

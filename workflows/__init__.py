@@ -52,6 +52,18 @@ class RunExperiment(ConfiguredWorkflow):
         return build_experiment(self.cfg, self.outputs)
 
 
+class PrepareInputs(RunExperiment):
+    """Only an experiment's teacher and tokenised corpus (``PrepareTeacher``, ``PrepareCorpus``).
+    Run once before starting workers on a cluster: with the corpus known, every worker schedules
+    the teacher cache's ``BoundaryShard`` tasks and luigid shares them out. Same parameters as
+    :class:`RunExperiment`."""
+
+    def requires(self):
+        from tasks.pipeline import PrepareCorpus
+
+        return PrepareCorpus(teacher=self.cfg["teacher"], corpus=self.cfg["corpus"], outputs=self.outputs)
+
+
 class ObjectiveStudy(RunExperiment):
     """The composition study: {clean, noisy, denoise} x {cached, online} on one teacher, corpus,
     seeds and teacher cache, with one comparison report (``ObjectiveStudyReport``).
@@ -66,5 +78,5 @@ class ObjectiveStudy(RunExperiment):
         return build_study(self.cfg, self.outputs)
 
 
-__all__ = ["RunExperiment", "ObjectiveStudy", "LocalLearningStudy", "build_experiment", "build_study", "load_config",
-           "CONFIG_ERROR_EXIT", "RETCODES"]
+__all__ = ["RunExperiment", "PrepareInputs", "ObjectiveStudy", "LocalLearningStudy", "build_experiment", "build_study",
+           "load_config", "CONFIG_ERROR_EXIT", "RETCODES"]

@@ -33,8 +33,8 @@ class FamilyAdapter:
     n_layers_key: str
 
     def base_model(self, lm: nn.Module) -> nn.Module:
-        """The base (headless) model of a causal LM."""
-        return getattr(lm, self.base)
+        """The base (headless) model of a causal LM (a base model is its own)."""
+        return getattr(lm, self.base, lm)
 
     def decoder_layers(self, model: nn.Module) -> nn.ModuleList:
         """The decoder layers of a causal LM or a base model."""
@@ -137,21 +137,41 @@ def _set_layer_idx(layer: nn.Module, j: int) -> None:
             mod.layer_idx = j
 
 
-def build_block(teacher: nn.Module, layer_indices: Sequence[int], init: str, seed: int) -> StudentBlock:
+def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int,
+                device: torch.device | str | None = None) -> StudentBlock:
     """Build a student block over teacher layers ``layer_indices``.
 
-    ``init="teacher"`` copies those teacher layers' weights; ``"random"`` keeps the family's own
-    random initialisation drawn with ``seed``. Returns a float32 block in train mode on the
-    teacher's device.
+    Args:
+        teacher: the teacher as a causal LM (``nn.Module``), or a lazy layer source — anything
+            with ``config`` and ``layer_weights(i) -> {name: tensor}`` (teacher layer ``i``'s
+            weights keyed as in the layer's ``state_dict``), e.g.
+            :class:`zgcore.teacher_weights.LazyLayers`, which reads only the requested layers.
+        init: ``"teacher"`` copies those teacher layers' weights; ``"random"`` keeps the
+            family's own random initialisation drawn with ``seed``.
+        device: where the block goes (default: the teacher's device).
+
+    Returns a float32 block in train mode. Raises ``KeyError`` if a source lacks a layer's weight.
     """
     torch.manual_seed(seed)
     block = StudentBlock(teacher.config, layer_indices)
     if init == "teacher":
-        src = adapter_for(teacher).decoder_layers(teacher)
+        weights = teacher.layer_weights if hasattr(teacher, "layer_weights") else module_layer_weights(teacher)
         for j, i in enumerate(layer_indices):
-            block.layers[j].load_state_dict(src[i].state_dict())
-    device = next(teacher.parameters()).device
+            want = block.layers[j].state_dict()
+            got = weights(i)
+            missing = sorted(set(want) - set(got))
+            if missing:
+                raise KeyError(f"teacher layer {i} has no weights for {missing[:3]}")
+            block.layers[j].load_state_dict({k: got[k] for k in want})
+    if device is None:
+        device = teacher.device if not isinstance(teacher, nn.Module) else next(teacher.parameters()).device
     return block.to(device)
+
+
+def module_layer_weights(teacher: nn.Module):
+    """``i -> state_dict of decoder layer i`` of a loaded teacher (the in-memory layer source)."""
+    layers = adapter_for(teacher).decoder_layers(teacher)
+    return lambda i: layers[i].state_dict()
 
 
 @torch.no_grad()

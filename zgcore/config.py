@@ -57,8 +57,12 @@ DEFAULTS: dict[str, Any] = {
     "boundary": {
         "num_blocks": 3,
         "boundaries": None,  # None = evenly spaced: [0, n/K, 2n/K, ..., n]
-        "dtype": "float32",
-        "batch_size": 8,
+        "dtype": "float32",  # storage dtype of the boundaries in the cache
+        "batch_size": 8,  # sequences per teacher forward
+        # sequences per BoundaryShard task (a multiple of batch_size); how the cache build is split
+        # over workers, not what it holds: unhashed, the bytes are identical for any value
+        "shard_sequences": 1024,
+        "teacher_dtype": "float32",  # dtype the teacher is loaded and run in (cache build, online targets)
     },
     "train": {
         "objective": "clean",
@@ -233,6 +237,12 @@ def _validate_static(cfg: dict[str, Any]) -> None:
     if b["dtype"] not in DTYPES:
         raise ConfigError(f"boundary.dtype must be one of {DTYPES}, got {b['dtype']!r}")
     _positive_int("boundary.batch_size", b["batch_size"])
+    if b["teacher_dtype"] not in DTYPES:
+        raise ConfigError(f"boundary.teacher_dtype must be one of {DTYPES}, got {b['teacher_dtype']!r}")
+    _positive_int("boundary.shard_sequences", b["shard_sequences"])
+    if int(b["shard_sequences"]) % int(b["batch_size"]):
+        raise ConfigError(f"boundary.shard_sequences={b['shard_sequences']} must be a multiple of boundary.batch_size="
+                          f"{b['batch_size']} (so that every shard runs the teacher on the same batches)")
     if b["boundaries"] is None:
         _positive_int("boundary.num_blocks", b["num_blocks"])
     else:

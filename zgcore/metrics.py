@@ -126,12 +126,13 @@ def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int]
     Source: ZeroGraph (arXiv:2611.02200), boundary-shift tests.
     """
     from .adapters import capture_boundaries
+    from .boundary_store import channel_rms
     from .objectives import regression_loss
 
     device = next(teacher.parameters()).device
     ids = torch.as_tensor(tokens, dtype=torch.long, device=device)
     bd = capture_boundaries(teacher, ids, boundaries)
-    scale = {b: torch.stack([h[:, 0].pow(2).mean(0).sqrt(), h[:, 1:].pow(2).mean((0, 1)).sqrt()]) for b, h in bd.items()}
+    scale = {b: channel_rms(h).to(h.device) for b, h in bd.items()}
     gen = torch.Generator().manual_seed(seed)
     rows, drift = [], [{"boundary": boundaries[0], "relative_error": 0.0}]
     chain = bd[boundaries[0]]

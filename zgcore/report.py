@@ -133,7 +133,8 @@ def economics(manifest: Mapping[str, Any], blocks: Sequence[Mapping[str, Any]], 
     measured data time of reading a batch from the store.
 
     Args:
-        manifest: the boundary store's manifest (``build_seconds``, ``bytes``, ``n_train``, ``n_val``).
+        manifest: the boundary store's manifest (``build_seconds`` summed over shards, ``bytes``,
+            ``n_train``, ``n_val``; ``n_shards`` and ``build_wall_seconds`` when sharded).
         blocks: each TrainBlock's ``metrics.json`` (``block``, ``start``, ``end``, ``targets``,
             ``steps``, ``seconds``, ``data_seconds``, ``compute_seconds``, ``teacher_seconds``).
         batch_sizes: each block's batch size (sequences), in block order.
@@ -156,6 +157,8 @@ def economics(manifest: Mapping[str, Any], blocks: Sequence[Mapping[str, Any]], 
                      "online_teacher_seconds": teacher_s, "steps": b["steps"], "measured": b["targets"]})
     econ = cache_economics(manifest["build_seconds"], manifest["bytes"], jobs)
     econ["build_seconds_per_sequence"] = manifest["build_seconds"] / (manifest["n_train"] + manifest["n_val"])
+    econ["shards"] = manifest.get("n_shards", 1)
+    econ["build_wall_seconds"] = manifest.get("build_wall_seconds", manifest["build_seconds"])
     econ["method"] = ("Each job's time in the mode it ran in is measured; the other mode is projected from its "
                       "measured compute time plus the teacher's forward time per batch up to the block's output "
                       "boundary, timed in this task.")
@@ -208,7 +211,9 @@ def _economics_md(econ: Mapping[str, Any], teacher_layers: int) -> list[str]:
              num(j["online_seconds"], ".1f"), num(j["online_teacher_seconds"], ".1f"), num(j["saving_seconds"], ".1f")]
             for j in econ["per_job"]]
     return ["## Cache economics", "",
-            f"Cache build: {num(econ['build_seconds'], '.1f')} s, {num(econ['build_bytes'] / 2**20, '.1f')} MiB "
+            f"Cache build: {econ.get('shards', 1)} shard(s), {num(econ['build_seconds'], '.1f')} s teacher time summed "
+            f"over shards, {num(econ.get('build_wall_seconds', econ['build_seconds']), '.1f')} s wall, "
+            f"{num(econ['build_bytes'] / 2**20, '.1f')} MiB "
             f"({num(econ['build_seconds_per_sequence'] * 1000, '.0f')} ms/sequence through all {teacher_layers} teacher layers).", "",
             table(["block", "cached job (s)", "of which data (s)", "compute (s)", "online job (s)", "online teacher (s)",
                    "saving (s)"], rows), "",

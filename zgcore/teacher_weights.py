@@ -1,0 +1,117 @@
+"""Loading only the part of a teacher a task needs.
+
+* :class:`LazyLayers` — the teacher's config plus its decoder layers' weights read one layer at a
+  time, on demand, from the teacher's safetensors files (``safetensors.safe_open``: only the
+  requested tensors are read). A cached-targets ``TrainBlock`` builds its block from it and never
+  materialises the other layers, the embedding or the LM head. For a GGUF teacher this is the
+  Hugging Face folder ``PrepareTeacher`` converted it into.
+* :func:`load_base` — the teacher's base model (embedding and decoder layers, no LM head) truncated
+  to its first ``n_layers`` layers, in a chosen dtype: what a boundary shard (all layers up to the
+  last boundary) and online targets (up to the block's output boundary) run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from .adapters import adapter_for
+from .boundary_store import TORCH_DTYPES
+
+
+class LazyLayers:
+    """A teacher's config and per-layer weights, read lazily from its safetensors files.
+
+    Args:
+        record: a teacher record (:func:`zgcore.teacher.materialise`) whose ``path`` is a local
+            Hugging Face folder with ``*.safetensors`` weights (see :func:`has_safetensors`).
+
+    Attributes:
+        config: the teacher's HF config. device: ``cpu`` (where weights are read to).
+    """
+
+    device = torch.device("cpu")
+
+    def __init__(self, record: Mapping[str, Any]):
+        from safetensors import safe_open
+        from transformers import AutoConfig
+
+        self.path = Path(record["path"])
+        self.config = AutoConfig.from_pretrained(str(self.path))
+        self._prefix = adapter_for(self.config).layer_prefix()
+        self._where: dict[str, Path] = {}
+        for f in sorted(self.path.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as g:
+                for k in g.keys():
+                    self._where[k] = f
+
+    def layer_weights(self, i: int) -> dict[str, torch.Tensor]:
+        """Teacher decoder layer ``i``'s weights keyed as in the layer's own ``state_dict``
+        (stored dtype, CPU). Raises ``KeyError`` if the files hold no such layer."""
+        from safetensors import safe_open
+
+        pre = f"{self._prefix}{i}."
+        keys = [k for k in self._where if k.startswith(pre)]
+        if not keys:
+            raise KeyError(f"{self.path}: no weights for decoder layer {i} (prefix {pre})")
+        out = {}
+        for f in sorted({self._where[k] for k in keys}):
+            with safe_open(str(f), framework="pt") as g:
+                for k in keys:
+                    if self._where[k] == f:
+                        out[k[len(pre):]] = g.get_tensor(k)
+        return out
+
+
+def has_safetensors(record: Mapping[str, Any]) -> bool:
+    """Whether a teacher record points to a local folder with safetensors weights and a config
+    (built-in, tiny, converted GGUF and most local HF folders; not a Hub id or a ``.bin`` folder)."""
+    p = Path(str(record["path"]))
+    return not record.get("gguf_file") and p.is_dir() and (p / "config.json").is_file() and any(p.glob("*.safetensors"))
+
+
+def layer_source(record: Mapping[str, Any], device: str = "cpu"):
+    """A :class:`LazyLayers` for the teacher when its weights are local safetensors, else the
+    whole teacher loaded (float32) — either one is what :func:`zgcore.adapters.build_block` takes."""
+    if has_safetensors(record):
+        return LazyLayers(record)
+    from .teacher import load
+
+    return load(dict(record), device)[0]
+
+
+def load_base(record: Mapping[str, Any], n_layers: int, dtype: str = "float32", device: str = "cpu"):
+    """The teacher's base model (no LM head) with only its first ``n_layers`` decoder layers, in
+    ``dtype`` (``float32`` | ``bfloat16`` | ``float16``), eval mode, gradients off, SDPA attention.
+
+    Only those layers' weights are loaded; the rest of the checkpoint is skipped. GGUF weights are
+    de-quantised by transformers. Raises ``ValueError`` for an unknown dtype or a bad layer count.
+    """
+    from transformers import AutoConfig, AutoModel
+
+    from .device import resolve
+
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"teacher dtype must be one of {tuple(TORCH_DTYPES)}, got {dtype!r}")
+    kw = {"gguf_file": record["gguf_file"]} if record.get("gguf_file") else {}
+    full = AutoConfig.from_pretrained(record["path"], **kw)
+    ad = adapter_for(full)
+    total = int(getattr(full, ad.n_layers_key))
+    if not 1 <= n_layers <= total:
+        raise ValueError(f"n_layers must be in 1..{total}, got {n_layers}")
+    cfg = ad.sub_config(full, range(n_layers), headless=False)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the skipped layers and head are reported as unused weights
+    try:
+        model = AutoModel.from_pretrained(record["path"], config=cfg, dtype=TORCH_DTYPES[dtype],
+                                          attn_implementation="sdpa", **kw)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.eval().requires_grad_(False).to(resolve(device))
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    return model
+
