@@ -1,86 +1,17 @@
-"""One adapter per decoder family: where the decoder stack, embedding, final norm and LM head
-live, how to build a student block from teacher layers, and how to stitch blocks back together.
+"""Student blocks over teacher layers, boundary capture, the teacher's whole head, and assembly
+of blocks into one causal LM — for every family in :mod:`zgcore.families`.
 
 Boundaries are the raw residual stream between decoder layers, captured with hooks on the
 layers themselves (HF ``output_hidden_states`` applies the final norm to its last entry).
 """
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from torch import nn
 
-from .config import ConfigError
-
-
-@dataclass(frozen=True)
-class FamilyAdapter:
-    """Names of a family's parts inside ``AutoModelForCausalLM`` / ``AutoModel``.
-
-    Attributes:
-        base: attribute of the causal LM holding the base model (``model`` / ``transformer``).
-        layers: attribute of the base model holding the decoder ``ModuleList``.
-        norm: attribute of the base model holding the final norm.
-        n_layers_key: config key of the layer count.
-    """
-
-    base: str
-    layers: str
-    norm: str
-    n_layers_key: str
-
-    def base_model(self, lm: nn.Module) -> nn.Module:
-        """The base (headless) model of a causal LM."""
-        return getattr(lm, self.base)
-
-    def decoder_layers(self, model: nn.Module) -> nn.ModuleList:
-        """The decoder layers of a causal LM or a base model."""
-        base = getattr(model, self.base, model)
-        return getattr(base, self.layers)
-
-    def layer_prefix(self) -> str:
-        """State-dict prefix of decoder layer weights in the causal LM (e.g. ``model.layers.``)."""
-        return f"{self.base}.{self.layers}."
-
-    def sub_config(self, config, layer_indices: Sequence[int], headless: bool):
-        """A copy of the teacher ``config`` for a stack of the given teacher layers.
-
-        ``headless`` shrinks the vocabulary to one token (a block needs no embedding) and turns
-        every dropout off.
-        """
-        cfg = copy.deepcopy(config)
-        setattr(cfg, self.n_layers_key, len(layer_indices))
-        if getattr(cfg, "layer_types", None) is not None:
-            cfg.layer_types = [config.layer_types[i] for i in layer_indices]
-        if headless:
-            cfg.vocab_size = 1
-            cfg.pad_token_id = None
-            cfg.tie_word_embeddings = False
-            for k in ("attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout"):
-                if hasattr(cfg, k):
-                    setattr(cfg, k, 0.0)
-        if getattr(cfg, "quantization_config", None) is not None:
-            del cfg.quantization_config
-        return cfg
-
-
-ADAPTERS = {
-    "llama": FamilyAdapter("model", "layers", "norm", "num_hidden_layers"),
-    "qwen2": FamilyAdapter("model", "layers", "norm", "num_hidden_layers"),
-    "gpt2": FamilyAdapter("transformer", "h", "ln_f", "n_layer"),
-}
-
-
-def adapter_for(model_or_config) -> FamilyAdapter:
-    """The adapter of a model or config. Raises :class:`ConfigError` for unsupported families."""
-    cfg = getattr(model_or_config, "config", model_or_config)
-    try:
-        return ADAPTERS[cfg.model_type]
-    except KeyError:
-        raise ConfigError(f"unsupported architecture {cfg.model_type!r}; supported: {', '.join(ADAPTERS)}") from None
+from .families import ADAPTERS, FamilyAdapter, adapter_for, attn_implementation  # noqa: F401 (re-exported)
 
 
 class StudentBlock(nn.Module):
@@ -104,7 +35,7 @@ class StudentBlock(nn.Module):
 
         self.adapter = adapter_for(teacher_config)
         cfg = self.adapter.sub_config(teacher_config, layer_indices, headless=True)
-        self.body = AutoModel.from_config(cfg, attn_implementation="sdpa")
+        self.body = AutoModel.from_config(cfg, attn_implementation=attn_implementation(cfg))
         setattr(self.body, self.adapter.norm, nn.Identity())
         if hasattr(self.body, "wpe"):
             nn.init.zeros_(self.body.wpe.weight)
@@ -208,9 +139,12 @@ def capture_boundaries(teacher: nn.Module, input_ids: torch.Tensor, boundaries: 
 
 
 def head_logits(teacher: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """Teacher's final norm then LM head on residual stream ``h`` ``[B, T, H]`` → logits ``[B, T, V]``."""
+    """The teacher's whole head on residual stream ``h`` ``[B, T, H]`` → logits ``[B, T, V]``: final
+    norm, LM head, then what the family's causal LM does after the head (Granite's logit scaling,
+    Gemma's final-logit soft-capping), so cross-entropy on these logits is the teacher's own."""
     ad = adapter_for(teacher)
-    return teacher.get_output_embeddings()(getattr(ad.base_model(teacher), ad.norm)(h))
+    logits = teacher.get_output_embeddings()(getattr(ad.base_model(teacher), ad.norm)(h))
+    return ad.finish_logits(teacher.config, logits)
 
 
 def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
@@ -231,7 +165,7 @@ def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
     if layer_types:
         cfg.layer_types = layer_types
     with torch.device("meta"):
-        student = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+        student = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg))
     prefix = ad.layer_prefix()
     sd = {k: v for k, v in teacher.state_dict().items() if not k.startswith(prefix)}
     offset = 0
