@@ -16,6 +16,7 @@ from zgcore import boundary_store, corpus, metrics, plots, teacher as zteacher, 
 from zgcore.adapters import assemble, build_block
 from zgcore.atomic import write_json, write_text
 from zgcore.config import corpus_files, kept_layers, resolve_boundaries
+from zgcore.sources import stdlib_root
 from zgcore.hashing import canonical
 
 from .base import HIDDEN, ZGTask
@@ -88,8 +89,16 @@ class PrepareCorpus(_TeacherTask):
 
     def own_config(self):
         src = self.corpus["source"]
-        stamps = None if src == "pydoc" else [path_stamp(str(f)) for f in corpus_files(self.corpus)]
-        return {"corpus": self.corpus, "stamps": stamps}
+        if src == "pydoc":
+            stamps = None
+        elif src == "python-stdlib":  # the files of this Python's standard library
+            import sys
+
+            stamps = [sys.version, str(stdlib_root())]
+        else:
+            stamps = [path_stamp(str(f)) for f in corpus_files(self.corpus)]
+        # buffer_tokens bounds memory only: the same tokens for any value, so it never moves the hash
+        return {"corpus": {k: v for k, v in self.corpus.items() if k != "buffer_tokens"}, "stamps": stamps}
 
     def label(self):
         return f"corpus-T{self.corpus['seq_len']}"
@@ -101,9 +110,11 @@ class PrepareCorpus(_TeacherTask):
         kw = {"gguf_file": rec["gguf_file"]} if rec.get("gguf_file") else {}
         tok = AutoTokenizer.from_pretrained(rec["path"], **kw)
         with self.building() as tmp:
-            meta = corpus.build_token_store(tmp / "tokens.h5", self.corpus, tok, rec["spec"], rec["max_positions"])
+            meta = corpus.build_token_store(tmp / "tokens.h5", self.corpus, tok, rec["spec"], rec["max_positions"],
+                                            log=self.log)
             write_json(tmp / "meta.json", meta)
-        self.log(f"{meta['tokens']} tokens -> {meta['n_train']} train + {meta['n_val']} val sequences of {meta['seq_len']}")
+        self.log(f"{meta['tokens']} tokens -> {meta['n_train']} train + {meta['n_val']} val sequences of {meta['seq_len']}"
+                 + (f"; {meta['skipped_files']} unusable file(s) skipped" if meta["skipped_files"] else ""))
 
 
 class TeacherBoundary(_TeacherTask):

@@ -7,7 +7,6 @@ here, before any expensive work, and a bad value raises :class:`ConfigError` nam
 from __future__ import annotations
 
 import copy
-import glob
 import os
 import re
 import tomllib
@@ -46,9 +45,11 @@ DEFAULTS: dict[str, Any] = {
     "seeds": None,  # e.g. [0, 1, 2]: one set of blocks and one student per seed (train.seed replaced), one cache
     "corpus": {
         # "pydoc" = the English reference text shipped in the standard library (pydoc_data.topics);
-        # or a list of text files / globs / a .jsonl file with a `text` field.
+        # "python-stdlib" = the standard library's own .py files (~30 MB); or files / globs: text,
+        # .jsonl / .parquet (field / column `text_field`), or a datasets.save_to_disk folder.
         "source": "pydoc",
         "text_field": "text",
+        "buffer_tokens": 1 << 20,  # tokens held in memory while tokenising (bounds PrepareCorpus' memory)
         "seq_len": 256,
         "val_fraction": 0.1,
         "max_tokens": 0,  # 0 = all tokens
@@ -227,7 +228,8 @@ def _validate_static(cfg: dict[str, Any]) -> None:
     if not (0 < float(c["val_fraction"]) < 1):
         raise ConfigError(f"corpus.val_fraction must be in (0, 1), got {c['val_fraction']!r}")
     _positive_int("corpus.max_tokens", c["max_tokens"], zero_ok=True)
-    corpus_files(c)  # raises on missing or empty files
+    _positive_int("corpus.buffer_tokens", c["buffer_tokens"])
+    corpus_files(c)  # raises on missing or unusable files
     b = cfg["boundary"]
     if b["dtype"] not in DTYPES:
         raise ConfigError(f"boundary.dtype must be one of {DTYPES}, got {b['dtype']!r}")
@@ -299,27 +301,16 @@ def block_train_config(cfg: Mapping[str, Any], i: int) -> dict[str, Any]:
 
 
 def corpus_files(corpus: Mapping[str, Any]) -> list[Path]:
-    """Expand ``corpus.source`` into a sorted list of existing, non-empty files ([] for pydoc).
+    """The files / dataset folders of ``corpus.source``, checked cheaply ([] for the built-in
+    ``pydoc`` and ``python-stdlib``); see :mod:`zgcore.sources`.
 
     Raises:
-        ConfigError: a pattern that matches nothing, or an empty file.
+        ConfigError: a pattern that matches nothing, an explicitly named empty file, a missing
+            text column, or nothing usable at all.
     """
-    src = corpus["source"]
-    if src == "pydoc":
-        return []
-    items = [src] if isinstance(src, str) else list(src)
-    if not items:
-        raise ConfigError("corpus.source is empty: give 'pydoc' or text files / globs / a .jsonl file")
-    files: list[Path] = []
-    for item in items:
-        matches = sorted(glob.glob(os.path.expanduser(str(item)), recursive=True))
-        if not matches:
-            raise ConfigError(f"corpus.source: {item!r} matches no file")
-        files += [Path(m) for m in matches if Path(m).is_file()]
-    for f in files:
-        if f.stat().st_size == 0:
-            raise ConfigError(f"corpus.source: {f} is empty")
-    return files
+    from .sources import check
+
+    return [e.path for e in check(corpus)]
 
 
 def resolve_boundaries(boundary: Mapping[str, Any], n_layers: int) -> list[int]:
