@@ -57,7 +57,8 @@ class _Rows:
 
     def __init__(self, dset, seq_len: int, max_tokens: int):
         self.dset, self.seq_len, self.max_tokens = dset, seq_len, max_tokens
-        self.pending: list[int] = []
+        self.parts: list[np.ndarray] = []  # pending tokens (int32 arrays), less than one row after a flush
+        self.n_pending = 0
         self.kept: list[np.ndarray] = []
         self.n_rows = self.tokens = self.documents = 0
 
@@ -68,7 +69,8 @@ class _Rows:
             ids.append(tokenizer.eos_token_id)
         if self.max_tokens:
             ids = ids[: self.max_tokens - self.tokens]
-        self.pending += ids
+        self.parts.append(np.asarray(ids, dtype=np.int32))
+        self.n_pending += len(ids)
         self.tokens += len(ids)
         self.documents += int(last)
         return not self.max_tokens or self.tokens < self.max_tokens
@@ -76,9 +78,11 @@ class _Rows:
     def flush(self, final: bool = False) -> np.ndarray | None:
         """Write the pending full rows (the tail stays pending); ``final`` drops the tail and
         returns all rows when no dataset is written."""
-        n = len(self.pending) // self.seq_len
-        block = np.asarray(self.pending[: n * self.seq_len], dtype=np.int32).reshape(n, self.seq_len)
-        self.pending = [] if final else self.pending[n * self.seq_len:]
+        stream = np.concatenate(self.parts) if self.parts else np.zeros(0, np.int32)
+        n = len(stream) // self.seq_len
+        block = stream[: n * self.seq_len].reshape(n, self.seq_len)
+        self.parts = [] if final else [stream[n * self.seq_len:].copy()]
+        self.n_pending = sum(map(len, self.parts))
         if self.dset is None:
             self.kept.append(block)
         elif n:
@@ -86,16 +90,17 @@ class _Rows:
             self.dset[self.n_rows:] = block
         self.n_rows += n
         if final and self.dset is None:
-            return np.concatenate(self.kept) if self.kept else np.zeros((0, self.seq_len), np.int32)
+            return np.concatenate(self.kept)
         return None
 
     def mark(self) -> tuple:
         """The state to go back to if the next source turns out unreadable."""
-        return self.n_rows, list(self.pending), self.tokens, self.documents
+        return self.n_rows, list(self.parts), self.n_pending, self.tokens, self.documents
 
     def restore(self, state: tuple) -> None:
         """Forget everything added since :meth:`mark` returned ``state``."""
-        self.n_rows, self.pending, self.tokens, self.documents = state[0], list(state[1]), state[2], state[3]
+        self.n_rows, parts, self.n_pending, self.tokens, self.documents = state
+        self.parts = list(parts)
         self.dset.resize(self.n_rows, axis=0)
 
 
@@ -135,8 +140,9 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
                       max_positions: int, log=print) -> dict[str, Any]:
     """Tokenize the corpus and write the token store to ``path`` atomically, streaming.
 
-    Documents are read one at a time (text files in pieces of ``corpus.buffer_tokens``
-    characters) and full rows go to a scratch HDF5 file every ``corpus.buffer_tokens`` tokens;
+    Documents are read one at a time (text files in pieces of :func:`piece_chars` characters
+    cut at line ends; a real tokenizer may split a word differently at such a cut than in the
+    whole file) and full rows go to a scratch HDF5 file every ``corpus.buffer_tokens`` tokens;
     then rows are split train/val (:func:`split_indices`) and copied ``buffer_tokens // seq_len``
     rows at a time. Peak memory is thus bounded by the buffer, not the corpus. The rows, the
     split and the fingerprint are those of tokenizing everything at once.
@@ -165,7 +171,7 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
                                                 chunks=(max(1, min(4096, buffer // seq_len)), seq_len)),
                              seq_len, int(corpus["max_tokens"]))
                 more = True
-                for src, explicit, docs in sources.documents(corpus, buffer, skipped, log):
+                for src, explicit, docs in sources.documents(corpus, piece_chars(buffer), skipped, log):
                     state = rows.mark()
                     try:
                         more = _add_source(rows, docs, tokenizer, buffer)
@@ -192,6 +198,13 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
     return meta
 
 
+def piece_chars(buffer_tokens: int) -> int:
+    """Characters of a text file tokenised at once: ``buffer_tokens // 16`` (at least 4096). The
+    tokenizer's transient memory grows with the text it is given (about 100 bytes per character
+    for a fast tokenizer), so pieces are kept well below the token buffer."""
+    return max(4096, buffer_tokens // 16)
+
+
 def _add_source(rows: _Rows, docs, tokenizer, buffer: int) -> bool:
     """Tokenize one source's documents into ``rows``; False once ``max_tokens`` is reached."""
     whole = True  # the next piece starts a document
@@ -200,7 +213,7 @@ def _add_source(rows: _Rows, docs, tokenizer, buffer: int) -> bool:
             if not rows.add(tokenizer, text, last):
                 return False
         whole = last
-        if len(rows.pending) >= buffer:
+        if rows.n_pending >= buffer:
             rows.flush()
     return True
 
