@@ -12,7 +12,7 @@ from typing import Any
 
 import luigi
 
-from zgcore import boundary_store, corpus, metrics, plots, teacher as zteacher, train as ztrain
+from zgcore import boundary_store, corpus, metrics, plots, students, teacher as zteacher, train as ztrain
 from zgcore.adapters import assemble, build_block
 from zgcore.atomic import write_json, write_text
 from zgcore.config import corpus_files, kept_layers, resolve_boundaries
@@ -174,14 +174,27 @@ class TrainBlock(_TeacherTask):
     train = luigi.DictParameter(visibility=HIDDEN, description="this block's resolved train settings")
 
     def requires(self):
+        data = self.data_requires()
+        return [data, self.importance_task()] if students.needs_measure(self.train) else data
+
+    def data_requires(self):
+        """Where the block's inputs and targets come from: the boundary store (cached) or the
+        teacher and the corpus (online)."""
         if self.train["targets"] == "online":  # no cache: the teacher runs inside training
             return {"teacher": self.teacher_task(),
                     "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
         return TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs,
                                device=self.device)
 
+    def importance_task(self):
+        """The teacher's layer and channel measurements (keep="importance", intermediate_size)."""
+        from .students import LayerImportance
+
+        return LayerImportance(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs, device=self.device,
+                               sequences=int(self.train["importance_sequences"]))
+
     def own_config(self):
-        t = dict(canonical(self.train))
+        t = students.effective_students(canonical(self.train))
         t["boundary"] = canonical(self.boundary) if t["targets"] == "online" else None
         if t["objective"] == "clean":
             t.pop("noise", None)  # clean regression draws no noise: its level must not move the hash
@@ -199,17 +212,20 @@ class TrainBlock(_TeacherTask):
         rec, (model, _tok) = self.load_teacher()
         bs = resolve_boundaries(self.boundary, rec["n_layers"])
         start, end = bs[self.block], bs[self.block + 1]
-        kept = kept_layers(start, end, self.train)
+        measured = (json.loads((self.importance_task().out_dir / "importance.json").read_text())
+                    if students.needs_measure(self.train) else {})
+        kept = kept_layers(start, end, self.train, measured.get("influence"))
         seed = ztrain.block_seed(int(self.train["seed"]), self.block)
-        block = build_block(model, kept, self.train["init"], seed)
+        width = self.train.get("intermediate_size")
+        block = build_block(model, kept, self.train["init"], seed, width, measured.get("channels"))
         init_sd = {k: v.clone() for k, v in block.layer_state_dict().items()}  # training updates in place
         if self.train["targets"] == "online":
-            tokens = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "train")
+            tokens = corpus.read_tokens(self.data_requires()["corpus"].out_dir / "tokens.h5", "train")
             source = boundary_store.OnlineBoundaries(model, tokens, [start, end], self.boundary["dtype"],
                                                      int(self.boundary["batch_size"]))
         else:
             del model
-            source = boundary_store.BoundaryReader(self.requires().out_dir / "boundaries.h5")
+            source = boundary_store.BoundaryReader(self.data_requires().out_dir / "boundaries.h5")
         with source:
             m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"))
@@ -221,7 +237,9 @@ class TrainBlock(_TeacherTask):
                 os.replace(self.work_dir / name, tmp / name)
             write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,
                                               "objective": self.train["objective"], "targets": self.train["targets"],
-                                              "seed": seed})
+                                              "seed": seed, "keep": self.train["keep"], "intermediate_size": block.width,
+                                              "influence": [measured["influence"][i] for i in range(start, end)]
+                                              if measured else None})
         import shutil
 
         shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -236,7 +254,7 @@ def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
     out = []
     for t in blocks:
         meta = json.loads((t.out_dir / "metrics.json").read_text())
-        b = build_block(model, meta["kept"], "teacher", 0)
+        b = build_block(model, meta["kept"], "random", 0, meta.get("intermediate_size"))
         b.load_layer_state_dict(load_file(str(t.out_dir / f"{which}.safetensors")))
         out.append(b)
     return out

@@ -27,14 +27,19 @@ class StudentBlock(nn.Module):
         teacher_config: the teacher's HF config.
         layer_indices: which teacher layers this block's layers correspond to (for per-layer
             config such as ``layer_types``); the block has ``len(layer_indices)`` layers.
+        intermediate_size: the MLP width of the block's layers (None: the teacher's).
     """
 
-    def __init__(self, teacher_config, layer_indices: Sequence[int]):
+    def __init__(self, teacher_config, layer_indices: Sequence[int], intermediate_size: int | None = None):
         super().__init__()
         from transformers import AutoModel
 
+        from .students import mlp_width
+
         self.adapter = adapter_for(teacher_config)
         cfg = self.adapter.sub_config(teacher_config, layer_indices, headless=True)
+        self.width = int(intermediate_size or mlp_width(teacher_config))
+        setattr(cfg, self.adapter.width_key, self.width)
         self.body = AutoModel.from_config(cfg, attn_implementation=attn_implementation(cfg))
         setattr(self.body, self.adapter.norm, nn.Identity())
         if hasattr(self.body, "wpe"):
@@ -68,19 +73,32 @@ def _set_layer_idx(layer: nn.Module, j: int) -> None:
             mod.layer_idx = j
 
 
-def build_block(teacher: nn.Module, layer_indices: Sequence[int], init: str, seed: int) -> StudentBlock:
+def build_block(teacher: nn.Module, layer_indices: Sequence[int], init: str, seed: int,
+                intermediate_size: int | None = None, channels: Sequence[Sequence[float]] | None = None) -> StudentBlock:
     """Build a student block over teacher layers ``layer_indices``.
 
     ``init="teacher"`` copies those teacher layers' weights; ``"random"`` keeps the family's own
-    random initialisation drawn with ``seed``. Returns a float32 block in train mode on the
-    teacher's device.
+    random initialisation drawn with ``seed``. With ``intermediate_size`` narrower than the
+    teacher's MLP, ``"teacher"`` keeps each layer's channels of largest mean |activation|
+    (``channels[i]``: teacher layer i's per-channel magnitudes, :func:`zgcore.students.measure`).
+    Returns a float32 block in train mode on the teacher's device.
+
+    Raises:
+        ValueError: a narrower teacher-initialised block without ``channels``.
     """
+    from .students import mlp_width, prune_layer, top_channels
+
     torch.manual_seed(seed)
-    block = StudentBlock(teacher.config, layer_indices)
+    block = StudentBlock(teacher.config, layer_indices, intermediate_size)
     if init == "teacher":
         src = adapter_for(teacher).decoder_layers(teacher)
+        narrow = intermediate_size is not None and block.width != mlp_width(teacher.config)
+        if narrow and channels is None:
+            raise ValueError("a narrower teacher-initialised block needs the teacher's channel magnitudes")
         for j, i in enumerate(layer_indices):
-            block.layers[j].load_state_dict(src[i].state_dict())
+            sd = src[i].state_dict()
+            block.layers[j].load_state_dict(prune_layer(sd, teacher.config, top_channels(channels[i], block.width))
+                                            if narrow else sd)
     device = next(teacher.parameters()).device
     return block.to(device)
 
@@ -151,17 +169,26 @@ def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
     """Stitch the teacher's embedding, ``blocks`` in order, and its final norm and LM head into one
     causal LM of the teacher's family (a fresh module; the teacher is not modified).
 
+    Blocks of different MLP widths: the config carries the widest, and narrower blocks' layers
+    get zero channels appended (:func:`zgcore.students.pad_layer`), which computes exactly the same
+    function (HF configs have one ``intermediate_size`` for all layers).
+
     Returns a float32 ``AutoModelForCausalLM`` in eval mode with ``sum(len(block.layers))`` layers.
     """
     from transformers import AutoModelForCausalLM
 
+    from .students import mlp_width, pad_layer
+
     ad = adapter_for(teacher)
+    width = max(b.width for b in blocks)
     total = sum(len(b.layers) for b in blocks)
     layer_types = []
     for b in blocks:
         lt = getattr(b.body.config, "layer_types", None)
         layer_types += list(lt) if lt is not None else []
     cfg = ad.sub_config(teacher.config, range(total), headless=False)
+    if width != mlp_width(teacher.config):
+        setattr(cfg, ad.width_key, width)
     if layer_types:
         cfg.layer_types = layer_types
     with torch.device("meta"):
@@ -170,9 +197,10 @@ def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
     sd = {k: v for k, v in teacher.state_dict().items() if not k.startswith(prefix)}
     offset = 0
     for b in blocks:
-        for k, v in b.layers.state_dict().items():
-            j, rest = k.split(".", 1)
-            sd[f"{prefix}{offset + int(j)}.{rest}"] = v.detach().clone()
+        for j, layer in enumerate(b.layers):
+            lsd = layer.state_dict()
+            for k, v in (pad_layer(lsd, teacher.config, b.width, width) if b.width < width else lsd).items():
+                sd[f"{prefix}{offset + j}.{k}"] = v.detach().clone()
         offset += len(b.layers)
     student.load_state_dict(sd, strict=False, assign=True)
     missing = [n for n, p in student.named_parameters() if p.is_meta]

@@ -36,9 +36,10 @@ class FamilyAdapter:
         norm: attribute of the base model holding the final norm.
         block_neutral: config keys set to a neutral value in a student block's config, because the
             base model's forward applies them to ``inputs_embeds`` (already part of boundary 0).
-        mlp: ``(attribute of the layer, up-type projections, down projection, fused)``: the
-            projections whose output channels (``up``) / input channels (``down``) are the MLP's
-            intermediate channels; ``fused`` = the one up projection holds gate and up stacked.
+        mlp: ``(attribute of the layer, up-type projections, down projection, fused, conv1d)``:
+            the projections whose output channels (``up``) / input channels (``down``) are the
+            MLP's intermediate channels; ``fused`` = the one up projection holds gate and up
+            stacked (Phi-3); ``conv1d`` = weights stored ``[in, out]`` (GPT-2's Conv1D).
         width_key: config key of the MLP's intermediate size.
     """
 
@@ -46,7 +47,7 @@ class FamilyAdapter:
     layers: str = "layers"
     norm: str = "norm"
     block_neutral: dict = field(default_factory=dict)
-    mlp: tuple = ("mlp", ("gate_proj", "up_proj"), "down_proj", False)
+    mlp: tuple = ("mlp", ("gate_proj", "up_proj"), "down_proj", False, False)
     width_key: str = "intermediate_size"
 
     def base_model(self, lm: nn.Module) -> nn.Module:
@@ -108,10 +109,11 @@ ADAPTERS: dict[str, FamilyAdapter] = {
     "qwen3": _LLAMA_LIKE,
     "gemma2": _LLAMA_LIKE,
     "gemma3_text": _LLAMA_LIKE,
-    "phi3": FamilyAdapter(mlp=("mlp", ("gate_up_proj",), "down_proj", True)),
+    "phi3": FamilyAdapter(mlp=("mlp", ("gate_up_proj",), "down_proj", True, False)),
     "olmo2": _LLAMA_LIKE,
     "granite": FamilyAdapter(block_neutral={"embedding_multiplier": 1.0}),
-    "gpt2": FamilyAdapter("transformer", "h", "ln_f", mlp=("mlp", ("c_fc",), "c_proj", False), width_key="n_inner"),
+    "gpt2": FamilyAdapter("transformer", "h", "ln_f", mlp=("mlp", ("c_fc",), "c_proj", False, True),
+                          width_key="n_inner"),
 }
 
 

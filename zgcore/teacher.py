@@ -66,6 +66,7 @@ class TeacherInfo:
     Attributes:
         spec: the user's string. model_type: HF ``model_type``. n_layers: decoder layers.
         hidden_size: residual-stream width. max_positions: longest context (tokens).
+        mlp_width: MLP intermediate size (the widest a student block may be).
     """
 
     spec: str
@@ -73,6 +74,7 @@ class TeacherInfo:
     n_layers: int
     hidden_size: int
     max_positions: int
+    mlp_width: int | None = None
 
 
 def _cache_root(outputs: Path) -> Path:
@@ -86,7 +88,7 @@ def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
         ConfigError: the teacher cannot be found, or its architecture is not supported.
     """
     if spec == "smollm2-135m":
-        return TeacherInfo(spec, "llama", 30, 576, 8192)
+        return TeacherInfo(spec, "llama", 30, 576, 8192, 1536)
     if spec in TINY_FAMILIES:
         cfg = tiny_config(TINY_FAMILIES[spec])
     else:
@@ -97,7 +99,9 @@ def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
                           "(decoder-only causal LMs: Llama 1-3, Mistral, Qwen2/3, Gemma 2/3, Phi-3, OLMo-2, Granite, GPT-2)")
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
     max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions")
-    return TeacherInfo(spec, model_type, int(n_layers), int(cfg.hidden_size), int(max_pos))
+    from .students import mlp_width
+
+    return TeacherInfo(spec, model_type, int(n_layers), int(cfg.hidden_size), int(max_pos), mlp_width(cfg))
 
 
 def _load_config(spec: str):
