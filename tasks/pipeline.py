@@ -13,11 +13,12 @@ from typing import Any
 
 import luigi
 
-from zgcore import boundary_store, corpus, metrics, plots, report as zreport, teacher as zteacher, train as ztrain
+from zgcore import boundary_store, corpus, metrics, plots, report as zreport, students, teacher as zteacher, train as ztrain
 from zgcore.adapters import assemble, build_block
 from zgcore.atomic import write_json, write_text
 from zgcore.config import corpus_files, kept_layers, resolve_boundaries
 from zgcore.hashing import canonical, config_hash
+from zgcore.sources import stdlib_root
 
 from .base import HIDDEN, ZGTask
 from .work import Resumable
@@ -92,8 +93,16 @@ class PrepareCorpus(_TeacherTask):
 
     def own_config(self):
         src = self.corpus["source"]
-        stamps = None if src == "pydoc" else [path_stamp(str(f)) for f in corpus_files(self.corpus)]
-        return {"corpus": self.corpus, "stamps": stamps}
+        if src == "pydoc":
+            stamps = None
+        elif src == "python-stdlib":  # the files of this Python's standard library
+            import sys
+
+            stamps = [sys.version, str(stdlib_root())]
+        else:
+            stamps = [path_stamp(str(f)) for f in corpus_files(self.corpus)]
+        # buffer_tokens bounds memory only: the same tokens for any value, so it never moves the hash
+        return {"corpus": {k: v for k, v in self.corpus.items() if k != "buffer_tokens"}, "stamps": stamps}
 
     def label(self):
         return f"corpus-T{self.corpus['seq_len']}"
@@ -105,9 +114,11 @@ class PrepareCorpus(_TeacherTask):
         kw = {"gguf_file": rec["gguf_file"]} if rec.get("gguf_file") else {}
         tok = AutoTokenizer.from_pretrained(rec["path"], **kw)
         with self.building() as tmp:
-            meta = corpus.build_token_store(tmp / "tokens.h5", self.corpus, tok, rec["spec"], rec["max_positions"])
+            meta = corpus.build_token_store(tmp / "tokens.h5", self.corpus, tok, rec["spec"], rec["max_positions"],
+                                            log=self.log)
             write_json(tmp / "meta.json", meta)
-        self.log(f"{meta['tokens']} tokens -> {meta['n_train']} train + {meta['n_val']} val sequences of {meta['seq_len']}")
+        self.log(f"{meta['tokens']} tokens -> {meta['n_train']} train + {meta['n_val']} val sequences of {meta['seq_len']}"
+                 + (f"; {meta['skipped_files']} unusable file(s) skipped" if meta["skipped_files"] else ""))
 
 
 def cache_settings(boundary) -> dict[str, Any]:
@@ -253,7 +264,7 @@ class TrainBlock(Resumable, _TeacherTask):
     Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``."""
 
     code_deps = ("zgcore.train", "zgcore.loop", "zgcore.objectives", "zgcore.adapters", "zgcore.boundary_store",
-                 "zgcore.device", "zgcore.teacher_weights", "zgcore.config:kept_layers",
+                 "zgcore.device", "zgcore.teacher_weights", "zgcore.students", "zgcore.config:kept_layers",
                  "zgcore.config:resolve_boundaries")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
@@ -262,12 +273,27 @@ class TrainBlock(Resumable, _TeacherTask):
     train = luigi.DictParameter(visibility=HIDDEN, description="this block's resolved train settings")
 
     def requires(self):
+        req = self.data_requires()
+        if students.needs_measure(self.train):
+            req["importance"] = self.importance_task()
+        return req
+
+    def data_requires(self):
+        """Where the block's inputs and targets come from: the boundary store (cached) or the
+        teacher and the corpus (online)."""
         if self.train["targets"] == "online":  # no cache: the teacher runs inside training
             return {"teacher": self.teacher_task(),
                     "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
         return {"teacher": self.teacher_task(),  # its record is read to load the teacher's layers
                 "cache": TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
                                          outputs=self.outputs, device=self.device)}
+
+    def importance_task(self):
+        """The teacher's layer and channel measurements (keep="importance", intermediate_size)."""
+        from .students import LayerImportance
+
+        return LayerImportance(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs, device=self.device,
+                               sequences=int(self.train["importance_sequences"]))
 
     def own_config(self):
         t = ztrain.effective_train(canonical(self.train))  # only what can change the result is hashed
@@ -284,10 +310,13 @@ class TrainBlock(Resumable, _TeacherTask):
         rec = teacher_record(self.teacher_task())
         bs = resolve_boundaries(self.boundary, rec["n_layers"])
         start, end = bs[self.block], bs[self.block + 1]
-        kept = kept_layers(start, end, self.train)
+        measured = (json.loads((self.importance_task().out_dir / "importance.json").read_text())
+                    if students.needs_measure(self.train) else {})
+        kept = kept_layers(start, end, self.train, measured.get("influence"))
         seed = ztrain.block_seed(int(self.train["seed"]), self.block)
         # the teacher's config and only the kept layers' weights, read lazily (safetensors)
-        block = build_block(layer_source(rec), kept, self.train["init"], seed, device=resolve(self.device))
+        block = build_block(layer_source(rec), kept, self.train["init"], seed, device=resolve(self.device),
+                            intermediate_size=self.train.get("intermediate_size"), channels=measured.get("channels"))
         init_sd = {k: v.clone() for k, v in block.layer_state_dict().items()}  # training updates in place
         if self.train["targets"] == "online":  # the teacher up to this block's output boundary only
             tokens = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "train")
@@ -308,7 +337,9 @@ class TrainBlock(Resumable, _TeacherTask):
                 os.replace(self.work_dir / name, tmp / name)
             write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,
                                               "objective": self.train["objective"], "targets": self.train["targets"],
-                                              "seed": seed})
+                                              "seed": seed, "keep": self.train["keep"], "intermediate_size": block.width,
+                                              "influence": [measured["influence"][i] for i in range(start, end)]
+                                              if measured else None})
         import shutil
 
         shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -323,7 +354,7 @@ def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
     out = []
     for t in blocks:
         meta = json.loads((t.out_dir / "metrics.json").read_text())
-        b = build_block(model, meta["kept"], "teacher", 0)
+        b = build_block(model, meta["kept"], "random", 0, meta.get("intermediate_size"))
         b.load_layer_state_dict(load_file(str(t.out_dir / f"{which}.safetensors")))
         out.append(b)
     return out

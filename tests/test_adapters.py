@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from zgcore.adapters import assemble, build_block, capture_boundaries, head_logits
-from zgcore.teacher import load, materialise
+from zgcore.teacher import TINY_FAMILIES, load, materialise
 
-FAMILIES = ["llama", "qwen2", "gpt2"]
+FAMILIES = list(TINY_FAMILIES.values())
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -51,3 +51,54 @@ def test_random_init_differs_by_seed(teacher):
     c = build_block(teacher, [0], "random", 1).layer_state_dict()
     assert any(not torch.equal(a[k], b[k]) for k in a)
     assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def load_tiny(tmp_path_factory):
+    def get(family):
+        return load(materialise(f"tiny-{family}", outputs=tmp_path_factory.mktemp(family)))[0]
+    return get
+
+
+def test_gemma2_boundary0_is_the_scaled_embedding_and_head_soft_caps(load_tiny):
+    gemma = load_tiny("gemma2")
+    assert gemma.config._attn_implementation == "eager"  # SDPA cannot soft-cap attention scores
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(3))
+    bd = capture_boundaries(gemma, ids, [0, 4])
+    raw = gemma.model.embed_tokens.weight[ids]
+    assert torch.allclose(bd[0], raw * 32 ** 0.5, rtol=1e-6)  # what layer 0 receives: scaled by sqrt(hidden)
+    uncapped = gemma.lm_head(gemma.model.norm(bd[4]))
+    assert uncapped.abs().max() > 2.0  # soft-capping at 2.0 changes the logits a lot
+    capped = head_logits(gemma, bd[4])
+    assert capped.abs().max() < 2.0 and torch.allclose(capped, gemma(ids).logits, atol=1e-5)
+
+
+def test_granite_multipliers_stay_where_they_act(load_tiny):
+    granite = load_tiny("granite")
+    ids = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(4))
+    bd = capture_boundaries(granite, ids, [0, 4])
+    assert torch.allclose(bd[0], granite.model.embed_tokens.weight[ids] * 4.0)  # embedding_multiplier in boundary 0
+    block = build_block(granite, [0, 1, 2, 3], "teacher", 0)
+    assert block.body.config.embedding_multiplier == 1.0  # ... and not applied twice by the block
+    with torch.no_grad():
+        assert torch.allclose(block(bd[0]), bd[4], atol=1e-5)
+    assert torch.allclose(head_logits(granite, bd[4]) * 3.0, granite.lm_head(granite.model.norm(bd[4])), atol=1e-5)
+
+
+def test_dropped_layers_keep_their_layer_types(load_tiny):
+    gemma = load_tiny("gemma3")
+    block = build_block(gemma, [1, 2], "teacher", 0)
+    assert block.body.config.layer_types == ["full_attention", "sliding_attention"]
+    student = assemble(gemma, [build_block(gemma, [0], "teacher", 0), block])
+    assert student.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert [l.self_attn.is_sliding for l in student.model.layers] == [True, False, True]
+
+
+def test_unsupported_architecture_names_it_and_lists_supported():
+    from transformers import BertConfig
+
+    from zgcore.adapters import adapter_for
+    from zgcore.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"unsupported architecture 'bert'; supported: llama, .*gemma2.*granite.*gpt2"):
+        adapter_for(BertConfig())

@@ -85,7 +85,7 @@ def load_config(config: str = "", overrides: str = "", preset: str = "") -> dict
     """
     cfg = zconfig.resolve(config or None, overrides or None, base=load_preset(preset))
     info = describe(cfg["teacher"])
-    zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"])
+    zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"], info.mlp_width)
     return cfg
 
 

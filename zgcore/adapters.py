@@ -1,86 +1,17 @@
-"""One adapter per decoder family: where the decoder stack, embedding, final norm and LM head
-live, how to build a student block from teacher layers, and how to stitch blocks back together.
+"""Student blocks over teacher layers, boundary capture, the teacher's whole head, and assembly
+of blocks into one causal LM — for every family in :mod:`zgcore.families`.
 
 Boundaries are the raw residual stream between decoder layers, captured with hooks on the
 layers themselves (HF ``output_hidden_states`` applies the final norm to its last entry).
 """
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from torch import nn
 
-from .config import ConfigError
-
-
-@dataclass(frozen=True)
-class FamilyAdapter:
-    """Names of a family's parts inside ``AutoModelForCausalLM`` / ``AutoModel``.
-
-    Attributes:
-        base: attribute of the causal LM holding the base model (``model`` / ``transformer``).
-        layers: attribute of the base model holding the decoder ``ModuleList``.
-        norm: attribute of the base model holding the final norm.
-        n_layers_key: config key of the layer count.
-    """
-
-    base: str
-    layers: str
-    norm: str
-    n_layers_key: str
-
-    def base_model(self, lm: nn.Module) -> nn.Module:
-        """The base (headless) model of a causal LM (a base model is its own)."""
-        return getattr(lm, self.base, lm)
-
-    def decoder_layers(self, model: nn.Module) -> nn.ModuleList:
-        """The decoder layers of a causal LM or a base model."""
-        base = getattr(model, self.base, model)
-        return getattr(base, self.layers)
-
-    def layer_prefix(self) -> str:
-        """State-dict prefix of decoder layer weights in the causal LM (e.g. ``model.layers.``)."""
-        return f"{self.base}.{self.layers}."
-
-    def sub_config(self, config, layer_indices: Sequence[int], headless: bool):
-        """A copy of the teacher ``config`` for a stack of the given teacher layers.
-
-        ``headless`` shrinks the vocabulary to one token (a block needs no embedding) and turns
-        every dropout off.
-        """
-        cfg = copy.deepcopy(config)
-        setattr(cfg, self.n_layers_key, len(layer_indices))
-        if getattr(cfg, "layer_types", None) is not None:
-            cfg.layer_types = [config.layer_types[i] for i in layer_indices]
-        if headless:
-            cfg.vocab_size = 1
-            cfg.pad_token_id = None
-            cfg.tie_word_embeddings = False
-            for k in ("attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout"):
-                if hasattr(cfg, k):
-                    setattr(cfg, k, 0.0)
-        if getattr(cfg, "quantization_config", None) is not None:
-            del cfg.quantization_config
-        return cfg
-
-
-ADAPTERS = {
-    "llama": FamilyAdapter("model", "layers", "norm", "num_hidden_layers"),
-    "qwen2": FamilyAdapter("model", "layers", "norm", "num_hidden_layers"),
-    "gpt2": FamilyAdapter("transformer", "h", "ln_f", "n_layer"),
-}
-
-
-def adapter_for(model_or_config) -> FamilyAdapter:
-    """The adapter of a model or config. Raises :class:`ConfigError` for unsupported families."""
-    cfg = getattr(model_or_config, "config", model_or_config)
-    try:
-        return ADAPTERS[cfg.model_type]
-    except KeyError:
-        raise ConfigError(f"unsupported architecture {cfg.model_type!r}; supported: {', '.join(ADAPTERS)}") from None
+from .families import ADAPTERS, FamilyAdapter, adapter_for, attn_implementation  # noqa: F401 (re-exported)
 
 
 class StudentBlock(nn.Module):
@@ -96,15 +27,20 @@ class StudentBlock(nn.Module):
         teacher_config: the teacher's HF config.
         layer_indices: which teacher layers this block's layers correspond to (for per-layer
             config such as ``layer_types``); the block has ``len(layer_indices)`` layers.
+        intermediate_size: the MLP width of the block's layers (None: the teacher's).
     """
 
-    def __init__(self, teacher_config, layer_indices: Sequence[int]):
+    def __init__(self, teacher_config, layer_indices: Sequence[int], intermediate_size: int | None = None):
         super().__init__()
         from transformers import AutoModel
 
+        from .students import mlp_width
+
         self.adapter = adapter_for(teacher_config)
         cfg = self.adapter.sub_config(teacher_config, layer_indices, headless=True)
-        self.body = AutoModel.from_config(cfg, attn_implementation="sdpa")
+        self.width = int(intermediate_size or mlp_width(teacher_config))
+        setattr(cfg, self.adapter.width_key, self.width)
+        self.body = AutoModel.from_config(cfg, attn_implementation=attn_implementation(cfg))
         setattr(self.body, self.adapter.norm, nn.Identity())
         if hasattr(self.body, "wpe"):
             nn.init.zeros_(self.body.wpe.weight)
@@ -138,7 +74,8 @@ def _set_layer_idx(layer: nn.Module, j: int) -> None:
 
 
 def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int,
-                device: torch.device | str | None = None) -> StudentBlock:
+                device: torch.device | str | None = None, intermediate_size: int | None = None,
+                channels: Sequence[Sequence[float]] | None = None) -> StudentBlock:
     """Build a student block over teacher layers ``layer_indices``.
 
     Args:
@@ -149,20 +86,34 @@ def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int,
         init: ``"teacher"`` copies those teacher layers' weights; ``"random"`` keeps the
             family's own random initialisation drawn with ``seed``.
         device: where the block goes (default: the teacher's device).
+        intermediate_size: an MLP width narrower than the teacher's; with ``init="teacher"`` each
+            layer keeps its channels of largest mean |activation| (``channels[i]``: teacher layer
+            i's per-channel magnitudes, :func:`zgcore.students.measure`).
 
-    Returns a float32 block in train mode. Raises ``KeyError`` if a source lacks a layer's weight.
+    Returns a float32 block in train mode.
+
+    Raises:
+        KeyError: a source lacks a layer's weight.
+        ValueError: a narrower teacher-initialised block without ``channels``.
     """
+    from .students import mlp_width, prune_layer, top_channels
+
     torch.manual_seed(seed)
-    block = StudentBlock(teacher.config, layer_indices)
+    block = StudentBlock(teacher.config, layer_indices, intermediate_size)
     if init == "teacher":
         weights = teacher.layer_weights if hasattr(teacher, "layer_weights") else module_layer_weights(teacher)
+        narrow = intermediate_size is not None and block.width != mlp_width(teacher.config)
+        if narrow and channels is None:
+            raise ValueError("a narrower teacher-initialised block needs the teacher's channel magnitudes")
         for j, i in enumerate(layer_indices):
             want = block.layers[j].state_dict()
             got = weights(i)
             missing = sorted(set(want) - set(got))
             if missing:
                 raise KeyError(f"teacher layer {i} has no weights for {missing[:3]}")
-            block.layers[j].load_state_dict({k: got[k] for k in want})
+            sd = {k: got[k] for k in want}
+            block.layers[j].load_state_dict(prune_layer(sd, teacher.config, top_channels(channels[i], block.width))
+                                            if narrow else sd)
     if device is None:
         device = teacher.device if not isinstance(teacher, nn.Module) else next(teacher.parameters()).device
     return block.to(device)
@@ -228,37 +179,50 @@ def capture_boundaries(teacher: nn.Module, input_ids: torch.Tensor, boundaries: 
 
 
 def head_logits(teacher: nn.Module, h: torch.Tensor) -> torch.Tensor:
-    """Teacher's final norm then LM head on residual stream ``h`` ``[B, T, H]`` → logits ``[B, T, V]``."""
+    """The teacher's whole head on residual stream ``h`` ``[B, T, H]`` → logits ``[B, T, V]``: final
+    norm, LM head, then what the family's causal LM does after the head (Granite's logit scaling,
+    Gemma's final-logit soft-capping), so cross-entropy on these logits is the teacher's own."""
     ad = adapter_for(teacher)
-    return teacher.get_output_embeddings()(getattr(ad.base_model(teacher), ad.norm)(h))
+    logits = teacher.get_output_embeddings()(getattr(ad.base_model(teacher), ad.norm)(h))
+    return ad.finish_logits(teacher.config, logits)
 
 
 def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
     """Stitch the teacher's embedding, ``blocks`` in order, and its final norm and LM head into one
     causal LM of the teacher's family (a fresh module; the teacher is not modified).
 
+    Blocks of different MLP widths: the config carries the widest, and narrower blocks' layers
+    get zero channels appended (:func:`zgcore.students.pad_layer`), which computes exactly the same
+    function (HF configs have one ``intermediate_size`` for all layers).
+
     Returns a float32 ``AutoModelForCausalLM`` in eval mode with ``sum(len(block.layers))`` layers.
     """
     from transformers import AutoModelForCausalLM
 
+    from .students import mlp_width, pad_layer
+
     ad = adapter_for(teacher)
+    width = max(b.width for b in blocks)
     total = sum(len(b.layers) for b in blocks)
     layer_types = []
     for b in blocks:
         lt = getattr(b.body.config, "layer_types", None)
         layer_types += list(lt) if lt is not None else []
     cfg = ad.sub_config(teacher.config, range(total), headless=False)
+    if width != mlp_width(teacher.config):
+        setattr(cfg, ad.width_key, width)
     if layer_types:
         cfg.layer_types = layer_types
     with torch.device("meta"):
-        student = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+        student = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg))
     prefix = ad.layer_prefix()
     sd = {k: v for k, v in teacher.state_dict().items() if not k.startswith(prefix)}
     offset = 0
     for b in blocks:
-        for k, v in b.layers.state_dict().items():
-            j, rest = k.split(".", 1)
-            sd[f"{prefix}{offset + int(j)}.{rest}"] = v.detach().clone()
+        for j, layer in enumerate(b.layers):
+            lsd = layer.state_dict()
+            for k, v in (pad_layer(lsd, teacher.config, b.width, width) if b.width < width else lsd).items():
+                sd[f"{prefix}{offset + j}.{k}"] = v.detach().clone()
         offset += len(b.layers)
     student.load_state_dict(sd, strict=False, assign=True)
     missing = [n for n, p in student.named_parameters() if p.is_meta]

@@ -7,7 +7,6 @@ here, before any expensive work, and a bad value raises :class:`ConfigError` nam
 from __future__ import annotations
 
 import copy
-import glob
 import os
 import re
 import tomllib
@@ -46,9 +45,11 @@ DEFAULTS: dict[str, Any] = {
     "seeds": None,  # e.g. [0, 1, 2]: one set of blocks and one student per seed (train.seed replaced), one cache
     "corpus": {
         # "pydoc" = the English reference text shipped in the standard library (pydoc_data.topics);
-        # or a list of text files / globs / a .jsonl file with a `text` field.
+        # "python-stdlib" = the standard library's own .py files (~30 MB); or files / globs: text,
+        # .jsonl / .parquet (field / column `text_field`), or a datasets.save_to_disk folder.
         "source": "pydoc",
         "text_field": "text",
+        "buffer_tokens": 1 << 20,  # tokens held in memory while tokenising (bounds PrepareCorpus' memory)
         "seq_len": 256,
         "val_fraction": 0.1,
         "max_tokens": 0,  # 0 = all tokens
@@ -71,7 +72,9 @@ DEFAULTS: dict[str, Any] = {
         "loss_norm": "channel",
         "n_layers": None,  # None = round(keep_fraction * partition size)
         "keep_fraction": 0.8,
-        "keep": "spread",  # which teacher layers of the partition the student starts from
+        "keep": "spread",  # which teacher layers of the partition the student starts from (or "importance")
+        "importance_sequences": 32,  # keep="importance" / intermediate_size: train sequences measured on the teacher
+        "intermediate_size": None,  # None = the teacher's MLP width; narrower keeps the most active channels
         "init": "teacher",  # "teacher" (copy kept layers) or "random"
         "lr": 2e-3,  # AdamW peak; block-1 sweep on SmolLM2: 2e-4 < 5e-4 < 1e-3 < 2e-3 in recovered CE
         "epochs": 1.5,
@@ -96,7 +99,7 @@ DEFAULTS: dict[str, Any] = {
 
 # Keys that change where results land but not what is computed are never hashed.
 UNHASHED_TOP = {"name", "device"}
-KEEP_POLICIES = ("spread", "first", "last")
+KEEP_POLICIES = ("spread", "first", "last", "importance")
 INITS = ("teacher", "random")
 DTYPES = ("float32", "float16", "bfloat16")
 LOSS_NORMS = ("none", "token", "channel")
@@ -279,7 +282,9 @@ def validate_corpus(c: Mapping[str, Any]) -> None:
     if not (0 < _number("corpus.val_fraction", c["val_fraction"]) < 1):
         raise ConfigError(f"corpus.val_fraction must be in (0, 1), got {c['val_fraction']!r}")
     _positive_int("corpus.max_tokens", c["max_tokens"], zero_ok=True)
-    corpus_files(c)  # raises on missing or empty files
+    if "buffer_tokens" in c:
+        _positive_int("corpus.buffer_tokens", c["buffer_tokens"])
+    corpus_files(c)  # raises on missing or unusable files
 
 
 def validate_train(t: Mapping[str, Any], where: str) -> None:
@@ -302,6 +307,9 @@ def validate_train(t: Mapping[str, Any], where: str) -> None:
         _positive_int(f"{where}: n_layers", t["n_layers"])
     for k in ("keep_fraction", "lr", "epochs", "weight_decay", "grad_clip"):
         _number(f"{where}: {k}", t[k])
+    if t["intermediate_size"] is not None:
+        _positive_int(f"{where}: intermediate_size", t["intermediate_size"])
+    _positive_int(f"{where}: importance_sequences", t["importance_sequences"])
     if not (0 < float(t["keep_fraction"]) <= 1):
         raise ConfigError(f"{where}: keep_fraction must be in (0, 1], got {t['keep_fraction']!r}")
     if not float(t["lr"]) > 0:
@@ -322,27 +330,16 @@ def block_train_config(cfg: Mapping[str, Any], i: int) -> dict[str, Any]:
 
 
 def corpus_files(corpus: Mapping[str, Any]) -> list[Path]:
-    """Expand ``corpus.source`` into a sorted list of existing, non-empty files ([] for pydoc).
+    """The files / dataset folders of ``corpus.source``, checked cheaply ([] for the built-in
+    ``pydoc`` and ``python-stdlib``); see :mod:`zgcore.sources`.
 
     Raises:
-        ConfigError: a pattern that matches nothing, or an empty file.
+        ConfigError: a pattern that matches nothing, an explicitly named empty file, a missing
+            text column, or nothing usable at all.
     """
-    src = corpus["source"]
-    if src == "pydoc":
-        return []
-    items = [src] if isinstance(src, str) else list(src)
-    if not items:
-        raise ConfigError("corpus.source is empty: give 'pydoc' or text files / globs / a .jsonl file")
-    files: list[Path] = []
-    for item in items:
-        matches = sorted(glob.glob(os.path.expanduser(str(item)), recursive=True))
-        if not matches:
-            raise ConfigError(f"corpus.source: {item!r} matches no file")
-        files += [Path(m) for m in matches if Path(m).is_file()]
-    for f in files:
-        if f.stat().st_size == 0:
-            raise ConfigError(f"corpus.source: {f} is empty")
-    return files
+    from .sources import check
+
+    return [e.path for e in check(corpus)]
 
 
 def resolve_boundaries(boundary: Mapping[str, Any], n_layers: int) -> list[int]:
@@ -363,20 +360,34 @@ def resolve_boundaries(boundary: Mapping[str, Any], n_layers: int) -> list[int]:
     return [round(j * n_layers / k) for j in range(k + 1)]
 
 
-def kept_layers(start: int, end: int, t: Mapping[str, Any]) -> list[int]:
-    """Teacher layer indices in ``[start, end)`` that block's student starts from.
-
-    ``keep="spread"`` keeps evenly spaced layers including the first and last of the partition
-    (dropping layers from the middle hurts least on SmolLM2: held-out CE 3.89 for 24 of 30 layers
-    vs 9.2 for dropping the last two of every ten); ``"first"``/``"last"`` keep a prefix/suffix.
-
-    Raises:
-        ConfigError: more student layers than the partition has.
-    """
+def n_kept(start: int, end: int, t: Mapping[str, Any]) -> int:
+    """How many teacher layers of ``[start, end)`` the block's student keeps (raises
+    :class:`ConfigError` when that is more than the partition has)."""
     size = end - start
     n = int(t["n_layers"]) if t["n_layers"] is not None else max(1, round(float(t["keep_fraction"]) * size))
     if n > size:
         raise ConfigError(f"n_layers={n} exceeds the partition's {size} teacher layers [{start}, {end})")
+    return n
+
+
+def kept_layers(start: int, end: int, t: Mapping[str, Any], influence: list[float] | None = None) -> list[int]:
+    """Teacher layer indices in ``[start, end)`` that block's student starts from.
+
+    ``keep="spread"`` keeps evenly spaced layers including the first and last of the partition
+    (dropping layers from the middle hurts least on SmolLM2: held-out CE 3.89 for 24 of 30 layers
+    vs 9.2 for dropping the last two of every ten); ``"first"``/``"last"`` keep a prefix/suffix;
+    ``"importance"`` keeps the layers of largest block influence (``influence``: one value per
+    teacher layer, :func:`zgcore.students.measure`).
+
+    Raises:
+        ConfigError: more student layers than the partition has. ValueError: ``"importance"``
+            without ``influence``.
+    """
+    size, n = end - start, n_kept(start, end, t)
+    if t["keep"] == "importance":  # the n largest, in layer order (ties: the earlier layer)
+        if influence is None:
+            raise ValueError("keep='importance' needs the teacher's measured layer influence")
+        return sorted(sorted(range(start, end), key=lambda i: (-influence[i], i))[:n])
     if t["keep"] == "first":
         idx = list(range(n))
     elif t["keep"] == "last":
@@ -388,20 +399,26 @@ def kept_layers(start: int, end: int, t: Mapping[str, Any]) -> list[int]:
     return [start + j for j in idx]
 
 
-def validate_against_teacher(cfg: Mapping[str, Any], n_layers: int, max_positions: int, teacher: str = "teacher") -> list[int]:
+def validate_against_teacher(cfg: Mapping[str, Any], n_layers: int, max_positions: int, teacher: str = "teacher",
+                             mlp_width: int | None = None) -> list[int]:
     """Check the parts of ``cfg`` that depend on the teacher's shape; return the boundaries.
 
     Raises:
-        ConfigError: boundaries out of range, ``seq_len`` above the context, or a block asking
-            for more student layers than its partition has.
+        ConfigError: boundaries out of range, ``seq_len`` above the context, a block asking
+            for more student layers than its partition has, or an ``intermediate_size`` above
+            the teacher's MLP width ``mlp_width``.
     """
     if int(cfg["corpus"]["seq_len"]) > max_positions:
         raise ConfigError(f"corpus.seq_len={cfg['corpus']['seq_len']} exceeds the context of {teacher} "
                           f"({max_positions} tokens); lower corpus.seq_len")
     bs = resolve_boundaries(cfg["boundary"], n_layers)
     for i in range(len(bs) - 1):
+        t = block_train_config(cfg, i)
         try:
-            kept_layers(bs[i], bs[i + 1], block_train_config(cfg, i))
+            n_kept(bs[i], bs[i + 1], t)
         except ConfigError as e:
             raise ConfigError(f"block {i}: {e}") from None
+        if mlp_width is not None and t["intermediate_size"] is not None and int(t["intermediate_size"]) > mlp_width:
+            raise ConfigError(f"block {i}: intermediate_size={t['intermediate_size']} exceeds the MLP width of {teacher} "
+                              f"({mlp_width}); a student block can only be narrower")
     return bs

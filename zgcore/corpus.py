@@ -1,7 +1,9 @@
-"""Corpus: read text, tokenize into fixed-length sequences, split train/validation, store as HDF5.
+"""Corpus: tokenize the documents of :mod:`zgcore.sources` into fixed-length sequences, split
+train/validation, store as HDF5 — streaming, with peak memory bounded by ``corpus.buffer_tokens``.
 
 The token store is one HDF5 file with datasets ``train`` and ``val`` (int32, ``[n, seq_len]``)
-and attributes recording the tokenizer, the sources and a content fingerprint of the tokens.
+and attributes recording the tokenizer, the sources (used and skipped) and a content fingerprint
+of the tokens.
 """
 from __future__ import annotations
 
@@ -14,42 +16,24 @@ import h5py
 import numpy as np
 
 from .atomic import atomic_path
-from .config import ConfigError, corpus_files
+from . import sources
+from .config import ConfigError
 
 FORMAT_VERSION = 1
+DEFAULT_BUFFER = 1 << 20  # tokens held before full rows are flushed to disk (corpus.buffer_tokens)
 
 
 def read_texts(corpus: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Return ``[(name, text), ...]`` in a deterministic order.
+    """Return ``[(name, text), ...]`` of a (small) corpus in memory, in the store's order.
 
-    ``source="pydoc"`` gives the standard library's English reference text
-    (``pydoc_data.topics``, sorted by topic). Files ending ``.jsonl`` contribute each record's
-    ``text_field``; any other file is read as UTF-8 text.
+    For benchmarks and tests; :func:`build_token_store` streams instead.
 
     Raises:
         ConfigError: unreadable or malformed files, or no text at all.
     """
-    if corpus["source"] == "pydoc":
-        from pydoc_data.topics import topics
-
-        docs = [(f"pydoc:{k}", topics[k]) for k in sorted(topics)]
-    else:
-        docs = []
-        for f in corpus_files(corpus):
-            try:
-                if f.suffix == ".jsonl":
-                    for n, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
-                        if not line.strip():
-                            continue
-                        rec = json.loads(line)
-                        if corpus["text_field"] not in rec:
-                            raise ConfigError(f"{f}:{n + 1} has no {corpus['text_field']!r} field")
-                        docs.append((f"{f}:{n + 1}", str(rec[corpus["text_field"]])))
-                else:
-                    docs.append((str(f), f.read_text(encoding="utf-8")))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ConfigError(f"corpus file {f} cannot be read as text: {e}") from e
-    docs = [(n, t) for n, t in docs if t.strip()]
+    docs: list[tuple[str, str]] = []
+    for _src, _explicit, items in sources.documents(corpus, 0, []):
+        docs += [(n, t) for n, t, _last in items if t.strip()]
     if not docs:
         raise ConfigError("the corpus holds no text")
     return docs
@@ -60,71 +44,197 @@ def tokenize(docs: list[tuple[str, str]], tokenizer, seq_len: int, max_tokens: i
 
     The tail that does not fill a row is dropped; ``max_tokens > 0`` truncates the stream first.
     """
-    eos = tokenizer.eos_token_id
-    stream: list[int] = []
+    rows = _Rows(None, seq_len, max_tokens)
     for _, text in docs:
-        stream += tokenizer(text, add_special_tokens=False)["input_ids"]
-        if eos is not None:
-            stream.append(eos)
-        if max_tokens and len(stream) >= max_tokens:
+        if not rows.add(tokenizer, text, True):
             break
-    if max_tokens:
-        stream = stream[:max_tokens]
-    n = len(stream) // seq_len
-    return np.asarray(stream[: n * seq_len], dtype=np.int32).reshape(n, seq_len)
+    return rows.flush(final=True)
 
 
-def split(rows: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Deterministic train/validation split of rows by a seeded permutation.
+class _Rows:
+    """Cuts a token stream into ``seq_len`` rows; appends full rows to HDF5 dataset ``dset``
+    (resizable, ``[n, seq_len]`` int32) or, with ``dset=None``, keeps them."""
 
-    Returns ``(train, val)``, each keeping the original row order.
+    def __init__(self, dset, seq_len: int, max_tokens: int):
+        self.dset, self.seq_len, self.max_tokens = dset, seq_len, max_tokens
+        self.parts: list[np.ndarray] = []  # pending tokens (int32 arrays), less than one row after a flush
+        self.n_pending = 0
+        self.kept: list[np.ndarray] = []
+        self.n_rows = self.tokens = self.documents = 0
+
+    def add(self, tokenizer, text: str, last: bool) -> bool:
+        """Tokenize ``text`` (EOS after a document's ``last`` piece); False once ``max_tokens`` is reached."""
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if last and tokenizer.eos_token_id is not None:
+            ids.append(tokenizer.eos_token_id)
+        if self.max_tokens:
+            ids = ids[: self.max_tokens - self.tokens]
+        self.parts.append(np.asarray(ids, dtype=np.int32))
+        self.n_pending += len(ids)
+        self.tokens += len(ids)
+        self.documents += int(last)
+        return not self.max_tokens or self.tokens < self.max_tokens
+
+    def flush(self, final: bool = False) -> np.ndarray | None:
+        """Write the pending full rows (the tail stays pending); ``final`` drops the tail and
+        returns all rows when no dataset is written."""
+        stream = np.concatenate(self.parts) if self.parts else np.zeros(0, np.int32)
+        n = len(stream) // self.seq_len
+        block = stream[: n * self.seq_len].reshape(n, self.seq_len)
+        self.parts = [] if final else [stream[n * self.seq_len:].copy()]
+        self.n_pending = sum(map(len, self.parts))
+        if self.dset is None:
+            self.kept.append(block)
+        elif n:
+            self.dset.resize(self.n_rows + n, axis=0)
+            self.dset[self.n_rows:] = block
+        self.n_rows += n
+        if final and self.dset is None:
+            return np.concatenate(self.kept)
+        return None
+
+    def mark(self) -> tuple:
+        """The state to go back to if the next source turns out unreadable."""
+        return self.n_rows, list(self.parts), self.n_pending, self.tokens, self.documents
+
+    def restore(self, state: tuple) -> None:
+        """Forget everything added since :meth:`mark` returned ``state``."""
+        self.n_rows, parts, self.n_pending, self.tokens, self.documents = state
+        self.parts = list(parts)
+        self.dset.resize(self.n_rows, axis=0)
+
+
+def split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic train/validation split of ``n`` rows by a seeded permutation:
+    ``(train_idx, val_idx)``, each sorted (int64).
 
     Raises:
         ConfigError: fewer than two rows, i.e. a corpus too short for ``seq_len``.
     """
-    n = len(rows)
     n_val = max(1, round(n * val_fraction))
     if n < 2 or n - n_val < 1:
         raise ConfigError(f"the corpus gives only {n} sequence(s) of this length: need at least 2 "
                           "(one to train, one to validate); add text or lower corpus.seq_len")
     perm = np.random.default_rng(seed).permutation(n)
-    val_idx, train_idx = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def split(rows: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, val)`` rows of :func:`split_indices`, each keeping the original row order."""
+    train_idx, val_idx = split_indices(len(rows), val_fraction, seed)
     return rows[train_idx], rows[val_idx]
 
 
-def fingerprint(train: np.ndarray, val: np.ndarray) -> str:
-    """SHA-256 over the token ids of both splits (content, not file bytes)."""
+def fingerprint(train, val, chunk_rows: int = 4096) -> str:
+    """SHA-256 over the token ids of both splits (content, not file bytes); arrays or HDF5
+    datasets, read ``chunk_rows`` rows at a time."""
     h = hashlib.sha256()
     for a in (train, val):
-        h.update(str(a.shape).encode())
-        h.update(np.ascontiguousarray(a, dtype="<i4").tobytes())
+        h.update(str(tuple(a.shape)).encode())
+        for lo in range(0, len(a), chunk_rows):
+            h.update(np.ascontiguousarray(a[lo: lo + chunk_rows], dtype="<i4").tobytes())
     return h.hexdigest()
 
 
 def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokenizer, tokenizer_name: str,
-                      max_positions: int) -> dict[str, Any]:
-    """Tokenize the corpus and write the token store to ``path`` atomically.
+                      max_positions: int, log=print) -> dict[str, Any]:
+    """Tokenize the corpus and write the token store to ``path`` atomically, streaming.
 
-    Returns the store's metadata (``fingerprint``, ``n_train``, ``n_val``, ``seq_len``, ``tokens``).
+    Documents are read one at a time (text files in pieces of :func:`piece_chars` characters
+    cut at line ends; a real tokenizer may split a word differently at such a cut than in the
+    whole file) and full rows go to a scratch HDF5 file every ``corpus.buffer_tokens`` tokens;
+    then rows are split train/val (:func:`split_indices`) and copied ``buffer_tokens // seq_len``
+    rows at a time. Peak memory is thus bounded by the buffer, not the corpus. The rows, the
+    split and the fingerprint are those of tokenizing everything at once.
+
+    Source files that cannot be read are skipped with a warning when they came through a glob
+    (or are the stdlib's), counted in ``skipped_files``; an explicitly named one fails the run.
+
+    Returns the store's metadata (``fingerprint``, ``n_train``, ``n_val``, ``seq_len``, ``tokens``,
+    ``documents``, ``source_files``, ``skipped_files``, ``skipped``).
 
     Raises:
-        ConfigError: ``seq_len`` above the teacher's context ``max_positions``, empty or too-short corpus.
+        ConfigError: ``seq_len`` above the teacher's context ``max_positions``, an unreadable
+            explicit file, empty or too-short corpus.
     """
     seq_len = int(corpus["seq_len"])
     if seq_len > max_positions:
         raise ConfigError(f"corpus.seq_len={seq_len} exceeds the teacher's context of {max_positions} tokens")
-    docs = read_texts(corpus)
-    rows = tokenize(docs, tokenizer, seq_len, int(corpus["max_tokens"]))
-    train, val = split(rows, float(corpus["val_fraction"]), int(corpus["split_seed"]))
-    meta = {"format_version": FORMAT_VERSION, "fingerprint": fingerprint(train, val), "seq_len": seq_len,
-            "n_train": len(train), "n_val": len(val), "tokens": int(rows.size), "documents": len(docs),
-            "tokenizer": tokenizer_name, "vocab_size": len(tokenizer)}
+    buffer = int(corpus.get("buffer_tokens", DEFAULT_BUFFER))
+    skipped: list[dict[str, str]] = []
+    used = 0
     with atomic_path(path) as tmp:
-        with h5py.File(tmp, "w") as f:
-            f.create_dataset("train", data=train)
-            f.create_dataset("val", data=val)
+        scratch = tmp.with_name(tmp.name + ".rows")
+        try:
+            with h5py.File(scratch, "w") as sf:
+                rows = _Rows(sf.create_dataset("rows", (0, seq_len), np.int32, maxshape=(None, seq_len),
+                                                chunks=(max(1, min(4096, buffer // seq_len)), seq_len)),
+                             seq_len, int(corpus["max_tokens"]))
+                more = True
+                for src, explicit, docs in sources.documents(corpus, piece_chars(buffer), skipped, log):
+                    state = rows.mark()
+                    try:
+                        more = _add_source(rows, docs, tokenizer, buffer)
+                        used += 1
+                    except ConfigError as e:
+                        if explicit:
+                            raise
+                        rows.restore(state)
+                        log(f"warning: skipping corpus file {src}: {e}")
+                        skipped.append({"file": src, "reason": str(e)})
+                    if not more:
+                        break
+                rows.flush(final=True)
+                if not rows.tokens:
+                    raise ConfigError("the corpus holds no text" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
+                meta = _write_split(tmp, sf["rows"], corpus, max(1, buffer // seq_len))
+        finally:
+            scratch.unlink(missing_ok=True)
+        meta.update({"format_version": FORMAT_VERSION, "seq_len": seq_len, "tokens": meta.pop("n_rows") * seq_len,
+                     "documents": rows.documents, "tokenizer": tokenizer_name, "vocab_size": len(tokenizer),
+                     "source_files": used, "skipped_files": len(skipped), "skipped": skipped})
+        with h5py.File(tmp, "r+") as f:
             f.attrs["meta"] = json.dumps(meta, sort_keys=True)
     return meta
+
+
+def piece_chars(buffer_tokens: int) -> int:
+    """Characters of a text file tokenised at once: ``buffer_tokens // 16`` (at least 4096). The
+    tokenizer's transient memory grows with the text it is given (about 100 bytes per character
+    for a fast tokenizer), so pieces are kept well below the token buffer."""
+    return max(4096, buffer_tokens // 16)
+
+
+def _add_source(rows: _Rows, docs, tokenizer, buffer: int) -> bool:
+    """Tokenize one source's documents into ``rows``; False once ``max_tokens`` is reached."""
+    whole = True  # the next piece starts a document
+    for _name, text, last in docs:
+        if not (whole and last and not text.strip()):  # a blank one-piece document adds nothing
+            if not rows.add(tokenizer, text, last):
+                return False
+        whole = last
+        if rows.n_pending >= buffer:
+            rows.flush()
+    return True
+
+
+def _write_split(tmp, all_rows, corpus: Mapping[str, Any], chunk: int) -> dict[str, Any]:
+    """Copy ``all_rows`` into ``train`` / ``val`` datasets of the HDF5 file ``tmp``, ``chunk`` rows at a time."""
+    n, seq_len = all_rows.shape
+    train_idx, val_idx = split_indices(n, float(corpus["val_fraction"]), int(corpus["split_seed"]))
+    is_val = np.zeros(n, dtype=bool)
+    is_val[val_idx] = True
+    with h5py.File(tmp, "w") as f:
+        out = {"train": f.create_dataset("train", (len(train_idx), seq_len), np.int32),
+               "val": f.create_dataset("val", (len(val_idx), seq_len), np.int32)}
+        at = {"train": 0, "val": 0}
+        for lo in range(0, n, chunk):
+            block, mask = all_rows[lo: lo + chunk], is_val[lo: lo + chunk]
+            for name, part in (("train", block[~mask]), ("val", block[mask])):
+                out[name][at[name]: at[name] + len(part)] = part
+                at[name] += len(part)
+        return {"fingerprint": fingerprint(out["train"], out["val"], chunk), "n_train": len(train_idx),
+                "n_val": len(val_idx), "n_rows": n}
 
 
 def read_tokens(path: str | os.PathLike, split_name: str) -> np.ndarray:

