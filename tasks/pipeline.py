@@ -13,7 +13,7 @@ from typing import Any
 import luigi
 
 from zgcore import boundary_store, corpus, metrics, plots, teacher as zteacher, train as ztrain
-from zgcore.adapters import assemble, build_block
+from zgcore.adapters import assemble, build_block, head_logits, head_only
 from zgcore.atomic import write_json, write_text
 from zgcore.config import corpus_files, kept_layers, resolve_boundaries
 from zgcore.hashing import canonical
@@ -186,8 +186,13 @@ class TrainBlock(Resumable, _TeacherTask):
         seed = ztrain.block_seed(int(self.train["seed"]), self.block)
         block = build_block(model, kept, self.train["init"], seed)
         init_sd = {k: v.clone() for k, v in block.layer_state_dict().items()}  # training updates in place
+        aux = ztrain.aux_active(self.train)  # local auxiliary terms: the teacher's head and the token ids
+        tokens = None
+        if self.train["targets"] == "online" or aux:  # the token store's train split, in the boundary store's order
+            tokens = corpus.read_tokens(PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
+                                        .out_dir / "tokens.h5", "train")
+        head = (model.requires_grad_(False) if self.train["targets"] == "online" else head_only(model)) if aux else None
         if self.train["targets"] == "online":
-            tokens = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "train")
             source = boundary_store.OnlineBoundaries(model, tokens, [start, end], self.boundary["dtype"],
                                                      int(self.boundary["batch_size"]))
         else:
@@ -196,7 +201,8 @@ class TrainBlock(Resumable, _TeacherTask):
         with source:
             m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
-                                   name=f"{self.get_task_family()} {self.label()}")
+                                   name=f"{self.get_task_family()} {self.label()}",
+                                   head=(lambda h: head_logits(head, h)) if aux else None, tokens=tokens)
             m["teacher_seconds"] = getattr(source, "teacher_seconds", 0.0)
         with self.building() as tmp:
             ztrain.save_weights(tmp / "block.safetensors", block.layer_state_dict())

@@ -78,6 +78,11 @@ DEFAULTS: dict[str, Any] = {
         "grad_clip": 1.0,
         "seed": 0,
         "checkpoint_every": 25,
+        # Local auxiliary terms through the teacher's frozen final norm + LM head on the block's output
+        # (zgcore.objectives.aux_losses); weight 0 = off and not hashed.
+        "ce_weight": 0.0,  # next-token cross-entropy
+        "mtp_weight": 0.0,  # multi-token prediction over the next mtp_n tokens
+        "mtp_n": 2,
     },
     "blocks": {},
     "eval": {
@@ -286,6 +291,10 @@ def validate_train(t: Mapping[str, Any], where: str) -> None:
         _positive_int(f"{where}: n_layers", t["n_layers"])
     if not (0 < float(t["keep_fraction"]) <= 1):
         raise ConfigError(f"{where}: keep_fraction must be in (0, 1], got {t['keep_fraction']!r}")
+    for k in ("ce_weight", "mtp_weight"):
+        if not isinstance(t[k], (int, float)) or isinstance(t[k], bool) or not 0 <= t[k] < float("inf"):
+            raise ConfigError(f"{where}: train.{k} must be a finite number >= 0 (0 = off), got {t[k]!r}")
+    _positive_int(f"{where}: train.mtp_n (tokens predicted ahead, >= 1)", t["mtp_n"])
     if not float(t["lr"]) > 0:
         raise ConfigError(f"{where}: lr must be positive, got {t['lr']!r}")
     if float(t["epochs"]) < 0:
