@@ -270,11 +270,19 @@ class Evaluate(_StudentTask):
 
     eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
+    heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,
+                               description="heal section; steps > 0 evaluates the healed student (tasks.distill.Heal)")
 
     def requires(self):
-        return {"assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                     outputs=self.outputs, device=self.device),
-                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+        kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                  outputs=self.outputs, device=self.device)
+        if int(self.heal.get("steps", 0)):
+            from .distill import Heal  # the healed student takes the assembled one's place
+
+            student = Heal(heal=self.heal, **kw)
+        else:
+            student = Assemble(**kw)
+        return {"assemble": student, "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
 
     def own_config(self):
         return {"eval": self.eval}
@@ -355,7 +363,7 @@ class Evaluate(_StudentTask):
                   "cross_entropy": ce, "perplexity": {k: metrics.perplexity(v) for k, v in ce.items()},
                   "gap_recovered": metrics.gap_recovered(ce["untrained"], ce["student"], ce["teacher"]),
                   "layers": {"teacher": n_layers(teacher), "untrained": n_layers(untrained), "student": n_layers(student)},
-                  "blocks": blocks, "model_dir": str(model_dir), "sample": sample,
+                  "blocks": blocks, "model_dir": str(model_dir), "sample": sample, "heal_steps": int(self.heal.get("steps", 0)),
                   "context_use": cu, "context_window": int(self.eval["context_window"]), "context_sequences": n_ctx}
         report["gates"] = metrics.gates(report, float(self.eval["gate_gap"]), float(self.eval["gate_context"]))
         report["economics"] = self.economics(teacher, val, blocks)
