@@ -16,6 +16,7 @@ from zgcore import boundary_store, corpus, metrics, plots, teacher as zteacher, 
 from zgcore.adapters import assemble, build_block, head_logits, head_only
 from zgcore.atomic import write_json, write_text
 from zgcore.config import corpus_files, kept_layers, resolve_boundaries
+from zgcore.distill import PeakRSS
 from zgcore.hashing import canonical
 
 from .base import HIDDEN, ZGTask
@@ -135,6 +136,7 @@ class TeacherBoundary(_TeacherTask):
         return None
 
     def run(self):
+        rss = PeakRSS().start()
         rec, (model, _tok) = self.load_teacher()
         bs = resolve_boundaries(self.boundary, rec["n_layers"])
         tok_path = self.requires()["corpus"].out_dir / "tokens.h5"
@@ -148,7 +150,7 @@ class TeacherBoundary(_TeacherTask):
                  "corpus_fingerprint": tok_meta["fingerprint"]},
                 progress=lambda d, n: self.progress(d, n, f"teacher forward {d}/{n} sequences"), log=self.log)
             seconds = time.perf_counter() - t0
-            write_json(tmp / "manifest.json", {**manifest, "build_seconds": seconds,
+            write_json(tmp / "manifest.json", {**manifest, "build_seconds": seconds, "peak_rss_mib": rss.stop(),
                                               "bytes": (tmp / "boundaries.h5").stat().st_size})
         self.log(f"built in {seconds:.1f} s")
 
@@ -179,6 +181,7 @@ class TrainBlock(Resumable, _TeacherTask):
         return f"block{self.block}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}"
 
     def run(self):
+        rss = PeakRSS().start()  # this task's peak resident memory (the distillation study reports it)
         rec, (model, _tok) = self.load_teacher()
         bs = resolve_boundaries(self.boundary, rec["n_layers"])
         start, end = bs[self.block], bs[self.block + 1]
@@ -211,7 +214,7 @@ class TrainBlock(Resumable, _TeacherTask):
                 os.replace(self.work_dir / name, tmp / name)
             write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,
                                               "objective": self.train["objective"], "targets": self.train["targets"],
-                                              "seed": seed})
+                                              "seed": seed, "peak_rss_mib": rss.stop()})
         import shutil
 
         shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -42,4 +42,6 @@ class ObjectiveStudy(RunExperiment):
         return build_study(self.cfg, self.outputs)
 
 
-__all__ = ["RunExperiment", "ObjectiveStudy", "LocalLearningStudy", "build_experiment", "build_study", "load_config"]
+from .distill import DistillStudy  # noqa: E402 (subclasses RunExperiment)
+
+__all__ = ["DistillStudy", "RunExperiment", "ObjectiveStudy", "LocalLearningStudy", "build_experiment", "build_study", "load_config"]

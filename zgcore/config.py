@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from .distill_config import HEAL_DEFAULTS, validate_distill
+from .distill_config import DISTILL_DEFAULTS, HEAL_DEFAULTS, validate_distill
 
 
 class _Loader(yaml.SafeLoader):
@@ -86,7 +86,7 @@ DEFAULTS: dict[str, Any] = {
         "mtp_n": 2,
     },
     "blocks": {},
-    "heal": HEAL_DEFAULTS,  # end-to-end logit KD of the assembled student (zgcore.distill); steps 0 = none
+    "heal": HEAL_DEFAULTS, "distill": DISTILL_DEFAULTS,  # end-to-end logit KD: healing; DistillStudy's e2e arm
     "eval": {
         "batch_size": 8,
         "max_sequences": 0,  # 0 = the whole validation split
@@ -200,7 +200,7 @@ def resolve(file: str | os.PathLike | None = None, overrides: str | Mapping | No
         cfg = deep_merge(cfg, parse_overrides(overrides) if isinstance(overrides, str) else overrides)
     _normalise_blocks(cfg)
     _check_keys("experiment", cfg, DEFAULTS)
-    for section in ("corpus", "boundary", "train", "eval", "heal"):
+    for section in ("corpus", "boundary", "train", "eval", "heal", "distill"):
         if not isinstance(cfg[section], Mapping):
             raise ConfigError(f"`{section}` must be a mapping")
         _check_keys(section, cfg[section], DEFAULTS[section])
@@ -250,7 +250,7 @@ def _validate_static(cfg: dict[str, Any]) -> None:
     if extra:
         raise ConfigError(f"blocks.{extra[0]}: there are only {b['num_blocks']} blocks (0..{int(b['num_blocks']) - 1})")
     _positive_int("eval.batch_size", cfg["eval"]["batch_size"])
-    validate_distill(cfg["heal"], "heal")
+    [validate_distill(cfg[k], k) for k in ("heal", "distill")]
     e = cfg["eval"]
     _positive_int("eval.max_sequences", e["max_sequences"], zero_ok=True)
     _positive_int("eval.context_sequences", e["context_sequences"], zero_ok=True)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from .distill_config import HEAL_DEFAULTS, validate_distill  # noqa: F401 (re-exported)
+from .distill_config import DISTILL_DEFAULTS, HEAL_DEFAULTS, validate_distill  # noqa: F401 (re-exported)
 from .device import autocast
 from .loop import TrainLoop, data_order
 from .objectives import regression_loss
@@ -57,6 +57,34 @@ def e2e_steps(block_passes: Sequence[tuple[int, int, int]], student_layers: int,
     """
     total = sum(s * b * n for s, b, n in block_passes)
     return max(1, math.ceil(total / (batch_size * student_layers)))
+
+
+def initial_student(teacher: torch.nn.Module, bounds: Sequence[int], blocks: Sequence[Mapping[str, Any]],
+                    n_train: int) -> tuple[torch.nn.Module, list[tuple[int, int]], list[tuple[int, int, int]]]:
+    """The blockwise arm's student before training, whole: the same kept layers and the same
+    initialisation as each ``TrainBlock`` (``build_block`` with the block's own seed), assembled.
+
+    Args:
+        teacher: the teacher causal LM. bounds: boundary layer indices ``b_0 = 0 < ... < b_K``.
+        blocks: each block's resolved train settings. n_train: training sequences (for step counts).
+
+    Returns:
+        ``(student, pairs, passes)``: the assembled float32 student; the interior boundaries as
+        ``(student_layer, teacher_layer)``; per block ``(steps, batch_size, student_layers)`` for :func:`e2e_steps`.
+    """
+    from .adapters import assemble, build_block
+    from .config import kept_layers
+    from .train import block_seed, total_steps
+
+    built, pairs, passes, offset = [], [], [], 0
+    for i, t in enumerate(blocks):
+        kept = kept_layers(bounds[i], bounds[i + 1], t)
+        built.append(build_block(teacher, kept, t["init"], block_seed(int(t["seed"]), i)))
+        passes.append((total_steps(n_train, t), int(t["batch_size"]), len(kept)))
+        offset += len(kept)
+        if i + 1 < len(blocks):
+            pairs.append((offset, bounds[i + 1]))
+    return assemble(teacher, built), pairs, passes
 
 
 def _residuals(model: torch.nn.Module, ids: torch.Tensor, layers: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -146,8 +174,18 @@ class PeakRSS:
     On Linux the kernel's peak (``VmHWM``) is reset at entry by writing ``5`` to
     ``/proc/self/clear_refs``, so the figure belongs to the block alone even when several tasks
     ran before in the same process; elsewhere (or if the reset is refused) it is the process's
-    peak so far (``ru_maxrss``), an upper bound, and ``m.exact`` is ``False``.
+    peak so far (``ru_maxrss``), an upper bound, and ``m.exact`` is ``False``. Also usable as
+    ``m = PeakRSS().start()`` ... ``m.stop()`` (returns MiB).
     """
+
+    def start(self) -> "PeakRSS":
+        """Reset the peak (see above); returns ``self``."""
+        return self.__enter__()
+
+    def stop(self) -> float:
+        """The peak resident memory since :meth:`start`, MiB."""
+        self.__exit__(None, None, None)
+        return self.mib
 
     def __enter__(self):
         try:

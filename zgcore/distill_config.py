@@ -36,3 +36,10 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
         _positive_int(f"{where}.{k}", h[k])
     for k in ("warmup_steps", "seed"):
         _positive_int(f"{where}.{k}", h[k], zero_ok=True)
+
+
+DISTILL_DEFAULTS: dict[str, Any] = {
+    **HEAL_DEFAULTS,
+    "steps": 0,  # 0 = matched: as many student layer-token passes as the blockwise arm (zgcore.distill.e2e_steps)
+    "lr": 3e-4,
+}
