@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,11 @@ from typing import Any
 import luigi
 
 from zgcore import boundary_store, corpus, metrics, plots, report as zreport, students, teacher as zteacher, train as ztrain
-from zgcore.adapters import assemble, build_block
+from zgcore.adapters import assemble, build_block, head_logits, head_only
 from zgcore.atomic import write_json, write_text
 from zgcore.config import corpus_files, kept_layers, resolve_boundaries
 from zgcore.hashing import canonical, config_hash
+from zgcore.memory import PeakRSS
 from zgcore.sources import stdlib_root
 
 from .base import HIDDEN, ZGTask
@@ -174,6 +174,7 @@ class BoundaryShard(_CacheTask):
     def run(self):
         from zgcore.teacher_weights import load_base
 
+        rss = PeakRSS().start()  # this shard task's peak resident memory (recorded in shard.json)
         rec = teacher_record(self.teacher_task())
         bs = resolve_boundaries(self.boundary, rec["n_layers"])
         rows = corpus.read_tokens(self.corpus_task().out_dir / "tokens.h5", self.split)[self.lo: self.hi]
@@ -181,7 +182,8 @@ class BoundaryShard(_CacheTask):
         with self.building() as tmp:
             r = boundary_store.write_shard(tmp, model, rows, self.split, self.lo, bs, self.boundary["dtype"],
                                            int(self.boundary["batch_size"]), self.cache_extra(rec),
-                                           progress=lambda d, n: self.progress(d, n, f"teacher forward {d}/{n} sequences"))
+                                           progress=lambda d, n: self.progress(d, n, f"teacher forward {d}/{n} sequences"),
+                                           peak_rss=rss.stop)
         self.log(f"built {r['hi'] - r['lo']} sequences in {r['build_seconds']:.1f} s")
 
 
@@ -307,6 +309,7 @@ class TrainBlock(Resumable, _TeacherTask):
         from zgcore.device import resolve
         from zgcore.teacher_weights import layer_source, load_base
 
+        rss = PeakRSS().start()  # this task's peak resident memory (the distillation study reports it)
         rec = teacher_record(self.teacher_task())
         bs = resolve_boundaries(self.boundary, rec["n_layers"])
         start, end = bs[self.block], bs[self.block + 1]
@@ -318,8 +321,14 @@ class TrainBlock(Resumable, _TeacherTask):
         block = build_block(layer_source(rec), kept, self.train["init"], seed, device=resolve(self.device),
                             intermediate_size=self.train.get("intermediate_size"), channels=measured.get("channels"))
         init_sd = {k: v.clone() for k, v in block.layer_state_dict().items()}  # training updates in place
+        aux = ztrain.aux_active(self.train)  # local auxiliary terms: the teacher's head and the token ids
+        tokens = head = None
+        if self.train["targets"] == "online" or aux:  # the token store's train split, in the boundary store's order
+            tokens = corpus.read_tokens(PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
+                                        .out_dir / "tokens.h5", "train")
+        if aux:  # the teacher's final norm and LM head (its decoder layers are dropped at once)
+            head = head_only(zteacher.load(rec, self.device)[0])
         if self.train["targets"] == "online":  # the teacher up to this block's output boundary only
-            tokens = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "train")
             teacher = load_base(rec, end, self.boundary["teacher_dtype"], self.device)
             source = boundary_store.OnlineBoundaries(teacher, tokens, [start, end], self.boundary["dtype"],
                                                      int(self.boundary["batch_size"]))
@@ -328,7 +337,8 @@ class TrainBlock(Resumable, _TeacherTask):
         with source:
             m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
-                                   name=f"{self.get_task_family()} {self.label()}")
+                                   name=f"{self.get_task_family()} {self.label()}",
+                                   head=(lambda h: head_logits(head, h)) if aux else None, tokens=tokens)
             m["teacher_seconds"] = getattr(source, "teacher_seconds", 0.0)
         with self.building() as tmp:
             ztrain.save_weights(tmp / "block.safetensors", block.layer_state_dict())
@@ -339,7 +349,7 @@ class TrainBlock(Resumable, _TeacherTask):
                                               "objective": self.train["objective"], "targets": self.train["targets"],
                                               "seed": seed, "keep": self.train["keep"], "intermediate_size": block.width,
                                               "influence": [measured["influence"][i] for i in range(start, end)]
-                                              if measured else None})
+                                              if measured else None, "peak_rss_mib": rss.stop()})
         import shutil
 
         shutil.rmtree(self.work_dir, ignore_errors=True)
@@ -403,11 +413,19 @@ class Evaluate(_StudentTask):
 
     eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
+    heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,
+                               description="heal section; steps > 0 evaluates the healed student (tasks.distill.Heal)")
 
     def requires(self):
-        req = {"teacher": self.teacher_task(),
-               "assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                    outputs=self.outputs, device=self.device),
+        kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                  outputs=self.outputs, device=self.device)
+        if int(self.heal.get("steps", 0)):
+            from .distill import Heal  # the healed student takes the assembled one's place
+
+            student = Heal(heal=self.heal, **kw)
+        else:
+            student = Assemble(**kw)
+        req = {"teacher": self.teacher_task(), "assemble": student,
                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs),
                "blocks": self.block_tasks()}  # metrics.json, init/block weights and loss logs are read here
         if any(t["targets"] == "cached" for t in self.blocks):  # its manifest feeds the cache economics
@@ -445,6 +463,7 @@ class Evaluate(_StudentTask):
              "val_sequences": int(len(val)), "val_tokens": int(val.size), "cross_entropy": ce,
              "layers": {k: m.config.get_text_config().num_hidden_layers for k, m in models},
              "blocks": blocks, "model_dir": str(model_dir), "sample": sample, "context_use": cu,
+             "heal_steps": int(self.heal.get("steps", 0)),
              "context_window": int(self.eval["context_window"]), "context_sequences": min(int(self.eval["context_sequences"]), len(val)),
              "shift": metrics.boundary_shift(teacher, load_blocks(teacher, req["blocks"], "block"), bounds, val[:n_shift])},
             self.eval)

@@ -78,5 +78,7 @@ class ObjectiveStudy(RunExperiment):
         return build_study(self.cfg, self.outputs)
 
 
-__all__ = ["RunExperiment", "PrepareInputs", "ObjectiveStudy", "LocalLearningStudy", "build_experiment", "build_study",
-           "load_config", "CONFIG_ERROR_EXIT", "RETCODES"]
+from .distill import DistillStudy  # noqa: E402 (subclasses RunExperiment)
+
+__all__ = ["RunExperiment", "PrepareInputs", "ObjectiveStudy", "LocalLearningStudy", "DistillStudy", "build_experiment",
+           "build_study", "load_config", "CONFIG_ERROR_EXIT", "RETCODES"]

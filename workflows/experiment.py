@@ -86,6 +86,8 @@ def load_config(config: str = "", overrides: str = "", preset: str = "") -> dict
     cfg = zconfig.resolve(config or None, overrides or None, base=load_preset(preset))
     info = describe(cfg["teacher"])
     zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"], info.mlp_width)
+    if int(cfg["heal"]["steps"]) and cfg.get("seeds"):
+        raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0")
     return cfg
 
 
@@ -110,7 +112,7 @@ def _common(cfg: dict[str, Any], outputs: str) -> dict[str, Any]:
 def build_experiment(cfg: dict[str, Any], outputs: str = "outputs") -> ZGTask:
     """The root task of a resolved experiment: its Evaluate, or a SeedSummary over ``seeds``."""
     if not cfg.get("seeds"):
-        return Evaluate(blocks=block_settings(cfg), **_common(cfg, outputs))
+        return Evaluate(blocks=block_settings(cfg), heal=cfg["heal"], **_common(cfg, outputs))
     return SeedSummary(seeds=list(cfg["seeds"]), blocks_per_seed=[block_settings(cfg, s) for s in cfg["seeds"]],
                        **_common(cfg, outputs))
 

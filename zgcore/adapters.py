@@ -187,6 +187,15 @@ def head_logits(teacher: nn.Module, h: torch.Tensor) -> torch.Tensor:
     return ad.finish_logits(teacher.config, logits)
 
 
+def head_only(teacher: nn.Module) -> nn.Module:
+    """The teacher with its decoder layers removed and every weight frozen, in place: what
+    :func:`head_logits` needs (final norm and LM head; the embedding stays when tied to the head).
+    Frees the layers' memory once nothing else refers to them. Returns ``teacher``."""
+    base = adapter_for(teacher).base_model(teacher)
+    setattr(base, adapter_for(teacher).layers, nn.ModuleList())
+    return teacher.requires_grad_(False)
+
+
 def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
     """Stitch the teacher's embedding, ``blocks`` in order, and its final norm and LM head into one
     causal LM of the teacher's family (a fresh module; the teacher is not modified).

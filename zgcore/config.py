@@ -15,6 +15,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from .distill_config import DISTILL_DEFAULTS, HEAL_DEFAULTS, validate_distill
+
 
 class _Loader(yaml.SafeLoader):
     """YAML 1.1 SafeLoader that also reads ``1e-4`` (no dot) as a float, as YAML 1.2 and TOML do."""
@@ -85,8 +87,13 @@ DEFAULTS: dict[str, Any] = {
         "grad_clip": 1.0,
         "seed": 0,
         "checkpoint_every": 25,
+        # local auxiliary terms through the teacher's frozen head (zgcore.objectives.aux_losses); 0 = off, not hashed
+        "ce_weight": 0.0,  # next-token cross-entropy
+        "mtp_weight": 0.0,  # multi-token prediction over the next mtp_n tokens
+        "mtp_n": 2,
     },
     "blocks": {},
+    "heal": HEAL_DEFAULTS, "distill": DISTILL_DEFAULTS,  # end-to-end logit KD: healing; DistillStudy's e2e arm
     "eval": {
         "batch_size": 8,
         "max_sequences": 0,  # 0 = the whole validation split
@@ -200,7 +207,7 @@ def resolve(file: str | os.PathLike | None = None, overrides: str | Mapping | No
         cfg = deep_merge(cfg, parse_overrides(overrides) if isinstance(overrides, str) else overrides)
     _normalise_blocks(cfg)
     _check_keys("experiment", cfg, DEFAULTS)
-    for section in ("corpus", "boundary", "train", "eval"):
+    for section in ("corpus", "boundary", "train", "eval", "heal", "distill"):
         if not isinstance(cfg[section], Mapping):
             raise ConfigError(f"`{section}` must be a mapping")
         _check_keys(section, cfg[section], DEFAULTS[section])
@@ -263,6 +270,7 @@ def _validate_static(cfg: dict[str, Any]) -> None:
     if extra:
         raise ConfigError(f"blocks.{extra[0]}: there are only {b['num_blocks']} blocks (0..{int(b['num_blocks']) - 1})")
     _positive_int("eval.batch_size", cfg["eval"]["batch_size"])
+    [validate_distill(cfg[k], k) for k in ("heal", "distill")]
     e = cfg["eval"]
     _positive_int("eval.max_sequences", e["max_sequences"], zero_ok=True)
     _positive_int("eval.context_sequences", e["context_sequences"], zero_ok=True)
@@ -312,6 +320,9 @@ def validate_train(t: Mapping[str, Any], where: str) -> None:
     _positive_int(f"{where}: importance_sequences", t["importance_sequences"])
     if not (0 < float(t["keep_fraction"]) <= 1):
         raise ConfigError(f"{where}: keep_fraction must be in (0, 1], got {t['keep_fraction']!r}")
+    for k in [k for k in ("ce_weight", "mtp_weight") if isinstance(t[k], bool) or not isinstance(t[k], (int, float)) or not 0 <= t[k] < float("inf")]:
+        raise ConfigError(f"{where}: train.{k} must be a finite number >= 0 (0 = off), got {t[k]!r}")
+    _positive_int(f"{where}: train.mtp_n (tokens predicted ahead, >= 1)", t["mtp_n"])
     if not float(t["lr"]) > 0:
         raise ConfigError(f"{where}: lr must be positive, got {t['lr']!r}")
     if float(t["epochs"]) < 0:

@@ -5,6 +5,9 @@ Generic: any model and any step; local learning uses it to compare its execution
 """
 from __future__ import annotations
 
+import os
+import resource
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -96,3 +99,48 @@ def measure_peak(params: Iterable[torch.nn.Parameter], fn: Callable[[], Any], cu
     for p in params:
         p.grad = None
     return {"saved_peak_bytes": int(meter.peak_bytes), "cuda_peak_bytes": cuda_peak}
+
+
+class PeakRSS:
+    """Peak resident memory of the process while inside ``with PeakRSS() as m:`` → ``m.mib``.
+
+    On Linux the kernel's peak (``VmHWM``) is reset at entry by writing ``5`` to
+    ``/proc/self/clear_refs``, so the figure belongs to the block alone even when several tasks
+    ran before in the same process; elsewhere (or if the reset is refused) it is the process's
+    peak so far (``ru_maxrss``), an upper bound, and ``m.exact`` is ``False``. Also usable as
+    ``m = PeakRSS().start()`` ... ``m.stop()`` (returns MiB).
+    """
+
+    def start(self) -> "PeakRSS":
+        """Reset the peak (see above); returns ``self``."""
+        return self.__enter__()
+
+    def stop(self) -> float:
+        """The peak resident memory since :meth:`start`, MiB."""
+        self.__exit__(None, None, None)
+        return self.mib
+
+    def __enter__(self):
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.exact = True
+        except OSError:
+            self.exact = False
+        return self
+
+    def __exit__(self, *exc):
+        self.mib = _vm_hwm_mib() if self.exact else None
+        if self.mib is None:
+            self.exact = False
+            self.mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        return False
+
+
+def _vm_hwm_mib() -> float | None:
+    try:
+        for line in Path(f"/proc/{os.getpid()}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None

@@ -22,6 +22,10 @@ The block is trained to map ``input`` to ``target`` with :func:`regression_loss`
         def make_pair(self, x, y, ctx):
             return x + noise_like(x, ctx), x
 
+Also here: the local auxiliary terms added to any objective (:func:`aux_losses`, settings
+``ce_weight``, ``mtp_weight``, ``mtp_n``): next-token CE and multi-token prediction of the block's
+output read through the teacher's frozen final norm and LM head.
+
 Source: ZeroGraph (arXiv:2611.02200) — ``clean`` teacher-boundary regression composes; the
 unanchored ``denoise`` objective wins locally and fails to compose.
 """
@@ -141,6 +145,58 @@ class Denoise(Objective):
 
     def make_pair(self, x, y, ctx):
         return x + noise_like(x, ctx), x
+
+
+AUX_SETTINGS = ("ce_weight", "mtp_weight", "mtp_n")  # train settings of the local auxiliary terms
+
+
+def aux_active(t) -> dict[str, float]:
+    """The local auxiliary terms that take effect under train settings ``t``: ``{"ce": w, "mtp": w}``
+    holding only the terms whose weight is > 0 (absent keys count as 0)."""
+    w = {"ce": float(t.get("ce_weight") or 0.0), "mtp": float(t.get("mtp_weight") or 0.0)}
+    return {k: v for k, v in w.items() if v > 0}
+
+
+def offset_ce(logits: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Mean cross-entropy (nats/token) of ``logits`` at position ``t`` predicting token ``t + k``.
+
+    Args:
+        logits: ``[batch, seq, vocab]`` (any float dtype; scored in float32).
+        ids: ``[batch, seq]`` int64 token ids of the same sequences.
+        k: offset >= 1, below ``seq``.
+
+    Returns:
+        A scalar float32 tensor over the ``batch * (seq - k)`` predictable positions.
+    """
+    lo = logits[:, : logits.shape[1] - k].float()
+    return torch.nn.functional.cross_entropy(lo.reshape(-1, lo.shape[-1]), ids[:, k:].reshape(-1))
+
+
+def aux_losses(logits: torch.Tensor, ids: torch.Tensor, active: dict[str, float], mtp_n: int) -> dict[str, torch.Tensor]:
+    """The local auxiliary terms on a block's output, read through the teacher's frozen final norm
+    and LM head (``logits`` = ``head_logits(teacher, block(x))``):
+
+    * ``"ce"`` — next-token cross-entropy: logits at ``t`` predict token ``t + 1``;
+    * ``"mtp"`` — multi-token prediction over the next ``mtp_n`` tokens: the mean over
+      ``k = 1..mtp_n`` of the cross-entropy of the *same* logits at ``t`` predicting token
+      ``t + k`` (no extra module: the head is frozen, so the term asks the block's output to carry
+      information about the next ``mtp_n`` tokens; ``mtp_n = 1`` equals ``"ce"``). Offsets at or
+      beyond ``seq`` are skipped.
+
+    Args:
+        logits: ``[batch, seq, vocab]``. ids: ``[batch, seq]`` int64.
+        active: ``aux_active(t)`` — the terms to compute. mtp_n: >= 1.
+
+    Returns:
+        ``{name: scalar float32 tensor (nats/token)}`` for each active term (unweighted).
+    """
+    out = {}
+    if "ce" in active:
+        out["ce"] = offset_ce(logits, ids, 1)
+    if "mtp" in active:
+        ks = range(1, min(int(mtp_n), ids.shape[1] - 1) + 1)
+        out["mtp"] = torch.stack([offset_ce(logits, ids, k) for k in ks]).mean()
+    return out
 
 
 def regression_loss(pred: torch.Tensor, target: torch.Tensor, norm: str, target_scale: torch.Tensor | None = None) -> torch.Tensor:

@@ -251,6 +251,9 @@ def report_markdown(report: Mapping[str, Any]) -> str:
               f"{report['val_tokens']} held-out tokens ({report['val_sequences']} sequences x {report['seq_len']}).", "",
               table(["model", "layers", "held-out CE (nats/token)", "perplexity"],
                     [[label, report["layers"][k], num(ce[k]), num(report["perplexity"].get(k), ".2f")] for k, label in MODELS]), ""]
+    if report.get("heal_steps"):
+        lines += [f"The assembled student was healed ({report['heal_steps']} steps of end-to-end logit distillation, "
+                  "`heal.steps`) before evaluation: its row is the healed model.", ""]
     if report["gap_recovered"] is None:
         lines += [f"Gap recovered by training: **undefined**: {report.get('gap_reason')}.", ""]
     else:

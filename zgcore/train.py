@@ -20,7 +20,7 @@ from .atomic import atomic_path
 from .boundary_store import BoundaryReader
 from .device import autocast
 from .loop import CKPT, FINAL_STATE, NonFiniteError, TrainLoop, data_order, load_checkpoint, lr_at  # noqa: F401 (re-exported)
-from .objectives import OBJECTIVES, ObjectiveContext, objective_settings, regression_loss
+from .objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, objective_settings, regression_loss
 
 
 def block_seed(seed: int, block: int) -> int:
@@ -46,7 +46,9 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
     * ``keep_fraction`` when ``n_layers`` is set;
     * ``checkpoint_every`` (a resumed run ends with the same bytes as an uninterrupted one);
     * ``intermediate_size`` when None, and ``importance_sequences`` when nothing is measured
-      (neither ``keep="importance"`` nor a narrower MLP: see :func:`zgcore.students.needs_measure`).
+      (neither ``keep="importance"`` nor a narrower MLP: see :func:`zgcore.students.needs_measure`);
+    * ``ce_weight`` when 0, ``mtp_weight`` and ``mtp_n`` when ``mtp_weight`` is 0 (a term of
+      weight 0 is not computed), so experiments without local auxiliary terms keep their hashes.
 
     Raises ``KeyError`` for an unknown objective (validated earlier by ``zgcore.config``).
     """
@@ -62,16 +64,26 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
         out.pop("intermediate_size", None)
         if out.get("keep") != "importance":
             out.pop("importance_sequences", None)
+    active = aux_active(out)
+    if "ce" not in active:
+        out.pop("ce_weight", None)
+    if "mtp" not in active:
+        out.pop("mtp_weight", None)
+        out.pop("mtp_n", None)
     return out
 
 
 def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: int, t: Mapping[str, Any],
                 seed: int, work: Path, run_hash: str,
-                progress: Callable[[int, int, float], None] | None = None, name: str | None = None) -> dict[str, Any]:
+                progress: Callable[[int, int, float], None] | None = None, name: str | None = None,
+                head: Callable[[torch.Tensor], torch.Tensor] | None = None, tokens: np.ndarray | None = None) -> dict[str, Any]:
     """Train ``block`` to map boundary ``b_in`` to boundary ``b_out`` under objective ``t["objective"]``.
 
     The loss is :func:`~zgcore.objectives.regression_loss` with ``t["loss_norm"]``; its channel
     scale comes from the boundary the objective names (:meth:`~zgcore.objectives.Objective.scale_boundary`).
+    With ``t["ce_weight"]`` or ``t["mtp_weight"]`` > 0 the local auxiliary terms of
+    :func:`~zgcore.objectives.aux_losses` on ``head(block(input))`` are added with those weights;
+    the loss log then has the columns ``loss`` (the total), ``regression``, and ``ce`` / ``mtp``.
 
     Args:
         block: a :class:`~zgcore.adapters.StudentBlock` (float32), modified in place.
@@ -81,14 +93,24 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
             (kept across interruptions). run_hash: the task's hash; a checkpoint written under
             another hash is never resumed from.
         progress: called as ``progress(step, total_steps, loss)``. name: used in messages.
+        head: the teacher's frozen final norm and LM head, residual stream ``[B, T, H]`` float32 to
+            logits ``[B, T, V]`` (e.g. ``lambda h: head_logits(teacher, h)``); needed by the auxiliary terms.
+        tokens: the train split's token ids ``[n_train, T]`` int64, in the store's sequence order
+            (``tokens[i]`` produced boundary sequence ``i``); needed by the auxiliary terms.
 
     Returns:
         Metrics: ``steps``, ``first_loss``, ``final_loss`` (mean of the last 10% of steps),
-        ``seconds`` (wall, s), ``data_seconds``, ``compute_seconds``, ``resumed_from``.
+        ``seconds`` (wall, s), ``data_seconds``, ``compute_seconds``, ``resumed_from``; with auxiliary
+        terms also ``final_regression``, ``final_ce`` / ``final_mtp`` (unweighted, nats/token for the terms).
 
     Raises:
         NonFiniteError: a non-finite loss or gradient norm (the last checkpoint stays in ``work``).
+        ValueError: auxiliary terms without ``head`` and ``tokens``, or ``tokens`` of another length than the store.
     """
+    active = aux_active(t)
+    if active and (head is None or tokens is None or len(tokens) != reader.n("train")):
+        raise ValueError(f"train.ce_weight / train.mtp_weight need the teacher's head and the {reader.n('train')} train "
+                         f"token sequences, got head={head is not None}, tokens={None if tokens is None else len(tokens)}")
     device = next(block.parameters()).device
     n = reader.n("train")
     bs = int(t["batch_size"])
@@ -98,31 +120,40 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     in_scale = reader.stats(b_in)
     params = [p for p in block.parameters() if p.requires_grad]
     loop = TrainLoop(name or f"block {b_in}->{b_out}", [params], t, total_steps(n, t), work, run_hash,
-                     {"block": block}, ["loss"])
+                     {"block": block}, ["loss", "regression", *active] if active else ["loss"])
 
-    def pairs(step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def pairs(step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         while True:
             epoch, k = divmod(step, per_epoch)
-            for _, x, y in reader.batches("train", b_in, b_out, data_order(n, seed, epoch), bs, start=k):
+            order = data_order(n, seed, epoch)
+            for kb, x, y in reader.batches("train", b_in, b_out, order, bs, start=k):
                 gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-                yield objective.make_pair(x.to(device), y.to(device), ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
+                inp, target = objective.make_pair(x.to(device), y.to(device), ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
+                ids = torch.as_tensor(tokens[order[kb * bs: (kb + 1) * bs]], device=device) if active else None
+                yield inp, target, ids
                 step += 1
 
-    def step_fn(pair: tuple[torch.Tensor, torch.Tensor], step: int) -> list[float]:
-        inp, target = pair
+    def step_fn(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], step: int) -> list[float]:
+        inp, target, ids = batch
         with autocast(device):
             pred = block(inp)
         loss = regression_loss(pred.float(), target, t["loss_norm"], target_scale)
+        values = []
+        if active:
+            terms = aux_losses(head(pred.float()), ids, active, int(t.get("mtp_n") or 1))
+            values = [loss.item()] + [loop.check(step, f"the {k} term", v.item()) for k, v in terms.items()]
+            loss = loss + sum(active[k] * v for k, v in terms.items())
         value = loop.check(step, "the loss", loss.item())
         loop.zero_grad()
         loss.backward()
         loop.update(0, step)
-        return [value]
+        return [value, *values]
 
     block.train()
     m = loop.run(pairs, step_fn, progress=(lambda s, n_, v: progress(s, n_, v[0])) if progress else None)
     first, final = m.pop("first"), m.pop("final")
-    return {**m, "first_loss": first[0] if first else None, "final_loss": final[0] if final else None}
+    extra = {f"final_{c}": final[i] for i, c in enumerate(loop.columns) if i and final}  # aux terms, unweighted
+    return {**m, "first_loss": first[0] if first else None, "final_loss": final[0] if final else None, **extra}
 
 
 def save_weights(path: Path, state_dict: dict[str, torch.Tensor]) -> None:

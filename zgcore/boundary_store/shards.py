@@ -46,11 +46,13 @@ def plan_shards(n: Mapping[str, int], shard_sequences: int) -> list[tuple[str, i
 
 def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str, lo: int, boundaries: Sequence[int],
                 dtype: str, batch_size: int, extra: Mapping[str, Any],
-                progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                progress: Callable[[int, int], None] | None = None,
+                peak_rss: Callable[[], float | None] | None = None) -> dict[str, Any]:
     """Run the frozen ``teacher`` over ``rows`` (token ids ``[m, seq_len]``, sequences
     ``lo .. lo+m-1`` of ``split``) and write the shard's files into ``folder`` (which must exist;
     the caller renames it into place). Batches start at ``lo``, so with ``lo`` a multiple of
-    ``batch_size`` every sequence sees the same batch as in an unsharded build.
+    ``batch_size`` every sequence sees the same batch as in an unsharded build. ``peak_rss``: called
+    once at the end, its figure (MiB) is recorded as the shard's ``peak_rss_mib``.
 
     Returns the shard record (also written to ``shard.json``). Raises
     :class:`BoundaryStoreError` if the teacher produces a non-finite boundary.
@@ -85,7 +87,8 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
            "batch_size": int(batch_size), "stats_rows": int(n_stats), **extra,
            "files": {f"b{b}": {"name": f"b{b}.h5", "bytes": (folder / f"b{b}.h5").stat().st_size,
                                "sha256": file_sha256(folder / f"b{b}.h5")} for b in boundaries},
-           "build_seconds": time.perf_counter() - t0, "started": started, "finished": time.time()}
+           "build_seconds": time.perf_counter() - t0, "started": started, "finished": time.time(),
+           "peak_rss_mib": peak_rss() if peak_rss else None}
     write_json(folder / SHARD_FILE, rec)
     return rec
 
@@ -153,12 +156,15 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
                     rows.append(torch.from_numpy(f["sumsq"][...]))
         np.save(folder / f"stats-b{b}.npy", rms_from_sumsq(torch.cat(rows), seq_len).numpy())
     shards = [{"split": r["split"], "lo": r["lo"], "hi": r["hi"], "dir": os.path.relpath(sf, folder),
-               "files": r["files"], "build_seconds": r["build_seconds"]} for sf, r in recs]
+               "files": r["files"], "build_seconds": r["build_seconds"], "peak_rss_mib": r.get("peak_rss_mib")}
+              for sf, r in recs]
+    peaks = [r["peak_rss_mib"] for r in shards if r["peak_rss_mib"] is not None]
     manifest = {k: first.get(k) for k in SHAPE_KEYS} | dict(extra) | {
         "n_train": int(n["train"]), "n_val": int(n["val"]), "n_shards": len(recs), "shards": shards,
         "bytes": sum(f["bytes"] for _, r in recs for f in r["files"].values()),
         "build_seconds": sum(r["build_seconds"] for _, r in recs),  # teacher compute: the sum over shards
-        "build_wall_seconds": max(r["finished"] for _, r in recs) - min(r["started"] for _, r in recs)}
+        "build_wall_seconds": max(r["finished"] for _, r in recs) - min(r["started"] for _, r in recs),
+        "peak_rss_mib": max(peaks) if peaks else None}  # the largest shard task's peak resident memory
     write_json(folder / MANIFEST, manifest)
     return manifest
 

@@ -1,0 +1,80 @@
+"""DistillStudy (issue 14): blockwise vs end-to-end vs blockwise + healing on one tiny teacher."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from zgcore.config import ConfigError
+
+
+def test_distill_study_reuses_the_experiment_and_matches_the_budget(tmp_path, run_graph):
+    from workflows import build_experiment, load_config
+    from workflows.distill import build_distill_study
+
+    cfg = load_config("", "", "distill_tiny")
+    ok, ran = run_graph(build_experiment(cfg, str(tmp_path)))  # a finished experiment (no healing: heal applies to it too)
+    assert ok
+    cfg_plain = load_config("", "heal.steps=0", "distill_tiny")
+    ok, _ = run_graph(build_experiment(cfg_plain, str(tmp_path)))
+    assert ok
+    study = build_distill_study(cfg, str(tmp_path))
+    ok, ran = run_graph(study)
+    assert ok
+    families = [f for f, _ in ran]
+    # the blockwise arm, its cache and the healed arm were already done: only the new arm and the report run
+    assert "TrainBlock" not in families and "TeacherBoundary" not in families and "Heal" not in families
+    assert sorted(families) == ["DistillE2E", "DistillStudyReport", "EvaluateStudent"]
+    rep = json.loads((study.out_dir / "report.json").read_text())
+    arms = {a["name"]: a for a in rep["arms"]}
+    assert set(arms) == {"blockwise", "e2e", "healed"}
+    # 2 blocks x 6 steps x 4 sequences x 1 layer = 48 layer-sequence passes = 6 e2e steps x 4 x 2 layers
+    assert rep["e2e_steps"] == rep["matched_steps"] == 6 and rep["student_layers"] == 2
+    assert arms["e2e"]["passes"] == arms["blockwise"]["passes"] == 48 * 32
+    assert arms["healed"]["passes"] == 48 * 32 + 3 * 2 * 32 * 2
+    assert arms["blockwise"]["max_parallel"] == 2 and arms["e2e"]["max_parallel"] == 1 and arms["healed"]["tasks"] == 4
+    for a in arms.values():
+        assert a["peak_rss_mib"] > 0 and a["serial_seconds"] >= a["critical_seconds"] > 0
+        assert a["ce"] > 0 and "quality" in a["gates"]
+    ev = json.loads((study.requires()["blockwise"].out_dir / "report.json").read_text())
+    assert arms["blockwise"]["ce"] == ev["cross_entropy"]["student"]
+    md = (study.out_dir / "report.md").read_text()
+    assert "(b) end-to-end distillation" in md and "layer-token pass" in md
+    # the e2e arm trained with the hidden-state term at the one interior boundary
+    e2e = study.requires()["e2e"].requires()["model"]
+    m = json.loads((e2e.out_dir / "metrics.json").read_text())
+    assert m["pairs"] == [[1, 2]] and m["final_hidden"] >= 0
+    assert (e2e.out_dir / "loss_log.csv").read_text().splitlines()[0] == "step,loss,kd,hidden,lr"
+
+
+def test_e2e_student_starts_from_the_blockwise_init(tmp_path, run_graph):
+    """Same kept layers, same initialisation: the e2e arm's starting layers are byte-identical to
+    each TrainBlock's init.safetensors."""
+    from workflows import load_config
+    from workflows.distill import build_distill_study
+    from zgcore import distill as zdistill
+
+    cfg = load_config("", "train.init=random", "distill_tiny")
+    study = build_distill_study(cfg, str(tmp_path))
+    blocks = study.requires()["blockwise"].block_tasks()
+    ok, _ = run_graph(*blocks)
+    assert ok
+    _, (teacher, _) = blocks[0].load_teacher()
+    student, pairs, passes = zdistill.initial_student(teacher, [0, 2, 4], list(study.blocks), 100)
+    assert pairs == [(1, 2)] and [p[2] for p in passes] == [1, 1]
+    layers = student.model.layers
+    for i, b in enumerate(blocks):
+        init = load_file(str(b.out_dir / "init.safetensors"))
+        for k, v in init.items():
+            assert torch.equal(layers[i].state_dict()[k.split(".", 2)[2]], v), k
+
+
+@pytest.mark.parametrize("over,what", [("heal.steps=0", "heal.steps > 0"), ("distill.temperature=0", "distill.temperature"),
+                                       ("distill.steps=-2", "distill.steps"), ("distill.hidden_weight=-1", "hidden_weight")])
+def test_bad_study_settings_fail_at_construction(over, what):
+    from workflows import DistillStudy
+
+    with pytest.raises(ConfigError, match=what):
+        DistillStudy(preset="distill_tiny", set=over)

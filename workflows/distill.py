@@ -1,0 +1,39 @@
+"""``luigi --module workflows DistillStudy --local-scheduler``: should I distil blockwise or end to end? (issue 14)"""
+from __future__ import annotations
+
+from typing import Any
+
+import luigi
+
+from tasks.distill import DistillStudyReport
+from zgcore import config as zconfig
+
+from .experiment import block_settings, load_config
+from . import RunExperiment
+
+
+def build_distill_study(cfg: dict[str, Any], outputs: str = "outputs") -> DistillStudyReport:
+    """The report task over the three arms of one resolved experiment (``heal.steps`` > 0 required)."""
+    return DistillStudyReport(teacher=cfg["teacher"], corpus=cfg["corpus"], boundary=cfg["boundary"],
+                              blocks=block_settings(cfg), eval=cfg["eval"], heal=cfg["heal"], distill=cfg["distill"],
+                              name=cfg["name"], outputs=outputs, device=cfg["device"])
+
+
+class DistillStudy(RunExperiment):
+    """The same student trained three ways on the same training tokens, reported side by side:
+    (a) ZeroGraph blockwise (the experiment's own TrainBlocks, reused when finished); (b) end-to-end
+    distillation on the teacher's logits (``distill.*``; optional hidden-state term at every
+    boundary) at the same student layer-token passes as (a); (c) (a) then ``heal.steps`` of healing.
+
+    Same parameters as :class:`RunExperiment` (default preset ``default``). Raises
+    ``zgcore.config.ConfigError`` at construction on bad input, ``heal.steps = 0`` and ``seeds`` included.
+    """
+
+    def resolve(self):
+        cfg = load_config(self.config, self.set, self.preset)
+        if not int(cfg["heal"]["steps"]):
+            raise zconfig.ConfigError("DistillStudy needs heal.steps > 0 for its healed arm (c), e.g. --set heal.steps=50")
+        return cfg
+
+    def requires(self):
+        return build_distill_study(self.cfg, self.outputs)

@@ -1,0 +1,67 @@
+"""The distillation study's report (issue 14): blockwise (ZeroGraph) vs end-to-end distillation vs
+blockwise + healing on the same student and training tokens, side by side — held-out CE, gap
+recovered, context use, gates, wall time, peak resident memory of the largest task, how many
+tasks could run at once, and the student layer-token passes each arm spent.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from . import metrics
+from .markdown import num, table
+
+ARMS = {"blockwise": "(a) ZeroGraph blockwise", "e2e": "(b) end-to-end distillation", "healed": "(c) blockwise + healing"}
+MATCHING = ("Budget matching: a student layer-token pass is one token's forward and backward through one student "
+            "layer. Blockwise block i spends steps_i x batch_i x seq_len x layers_i of them; an end-to-end step spends "
+            "batch x seq_len x L (L = all student layers). The end-to-end arm gets ceil(sum_i steps_i x batch_i x "
+            "layers_i / (batch x L)) steps (unless distill.steps is set), on the same training split.")
+
+
+def arm(name: str, ce: float, ce_untrained: float, ce_teacher: float, context_use: Mapping[str, Any] | None,
+        gate_gap: float, gate_context: float, stages: Sequence[Sequence[Mapping[str, Any]]], passes: int) -> dict[str, Any]:
+    """One arm's row.
+
+    Args:
+        name: a key of :data:`ARMS`. ce, ce_untrained, ce_teacher: held-out CE, nats/token.
+        context_use: ``{"teacher": {...}, "student": {...}}`` from :func:`zgcore.metrics.context_use`, or None.
+        gate_gap, gate_context: gate thresholds (``eval.gate_*``).
+        stages: the arm's tasks in dependency order, grouped by stage; the tasks of a stage could
+            run at the same time. Each task: ``{"task", "seconds", "peak_rss_mib"}``.
+        passes: student layer-token forward/backward passes spent.
+
+    Returns:
+        ``name``, ``label``, ``ce``, ``gap_recovered``, ``context_ratio``, ``gates`` (as
+        :func:`zgcore.metrics.gates`), ``serial_seconds`` (one worker), ``critical_seconds`` (each
+        stage as long as its longest task: enough workers), ``peak_rss_mib`` and ``peak_task`` (the
+        largest single task), ``max_parallel`` (tasks in the widest stage), ``tasks``, ``passes``.
+    """
+    gap = metrics.gap_recovered(ce_untrained, ce, ce_teacher)
+    g = metrics.gates({"gap_recovered": gap, "context_use": context_use}, gate_gap, gate_context)
+    tasks = [t for s in stages for t in s]
+    peak = max(tasks, key=lambda t: t.get("peak_rss_mib") or 0.0)
+    return {"name": name, "label": ARMS[name], "ce": ce, "gap_recovered": gap, "gates": g,
+            "context_ratio": g.get("context", {}).get("value"),
+            "serial_seconds": sum(t["seconds"] for t in tasks),
+            "critical_seconds": sum(max(t["seconds"] for t in s) for s in stages),
+            "peak_rss_mib": peak.get("peak_rss_mib"), "peak_task": peak["task"],
+            "max_parallel": max(len(s) for s in stages), "tasks": len(tasks), "passes": passes}
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """The study report as Markdown (one table, the budget matching, the reference CEs)."""
+    rows = []
+    for a in report["arms"]:
+        gates = ", ".join(f"{k} {'pass' if v['passed'] else 'FAIL'}" for k, v in a["gates"].items())
+        rows.append([a["label"], num(a["ce"]), num(100 * a["gap_recovered"], ".1f") + "%", num(a["context_ratio"], ".2f"),
+                     gates, num(a["serial_seconds"], ".1f"), num(a["critical_seconds"], ".1f"),
+                     f"{num(a['peak_rss_mib'], '.0f')} ({a['peak_task']})", f"{a['max_parallel']} of {a['tasks']}",
+                     f"{a['passes']:,}"])
+    head = ["arm", "held-out CE", "gap recovered", "context use (x teacher)", "gates", "wall s (1 worker)",
+            "wall s (enough workers)", "peak RSS MiB (task)", "tasks at once", "layer-token passes"]
+    return (f"# Distillation study: {report['name']}\n\nTeacher `{report['teacher']}`; held-out CE (nats/token) of the "
+            f"teacher {num(report['ce_teacher'])}, of the untrained student {num(report['ce_untrained'])} "
+            f"({report['student_layers']} of the teacher's layers); {report['val_tokens']:,} held-out tokens.\n\n"
+            + table(head, rows) + "\n\n" + MATCHING + f" Here: {report['e2e_steps']} end-to-end steps of "
+            f"{report['e2e_batch']} sequences.\n\nWall times are the tasks' own measured training (and, for (a) and (c), "
+            "cache-building) times; assembling and evaluating are left out. Peak RSS is each task's own peak "
+            "resident memory (the kernel's high-water mark reset at the task's start).\n")
