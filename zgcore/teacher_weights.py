@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .adapters import adapter_for
+from .adapters import adapter_for, attn_implementation
 from .boundary_store import TORCH_DTYPES
 
 
@@ -97,7 +97,7 @@ def load_base(record: Mapping[str, Any], n_layers: int, dtype: str = "float32", 
     kw = {"gguf_file": record["gguf_file"]} if record.get("gguf_file") else {}
     full = AutoConfig.from_pretrained(record["path"], **kw)
     ad = adapter_for(full)
-    total = int(getattr(full, ad.n_layers_key))
+    total = int(full.num_hidden_layers)  # GPT-2 maps it to n_layer
     if not 1 <= n_layers <= total:
         raise ValueError(f"n_layers must be in 1..{total}, got {n_layers}")
     cfg = ad.sub_config(full, range(n_layers), headless=False)
@@ -107,7 +107,7 @@ def load_base(record: Mapping[str, Any], n_layers: int, dtype: str = "float32", 
     hf_logging.set_verbosity_error()  # the skipped layers and head are reported as unused weights
     try:
         model = AutoModel.from_pretrained(record["path"], config=cfg, dtype=TORCH_DTYPES[dtype],
-                                          attn_implementation="sdpa", **kw)
+                                          attn_implementation=attn_implementation(full), **kw)
     finally:
         hf_logging.set_verbosity(verbosity)
     model.eval().requires_grad_(False).to(resolve(device))
