@@ -62,7 +62,10 @@ def test_readme_commands_work_as_written(tmp_path):
             assert r.returncode == 0, (cmd, r.stderr[-2000:])
             continue
         r = subprocess.run(_argv(cmd), cwd=work, env=env, capture_output=True, text=True, timeout=600)
-        want = 1 if cmd[:2] == [".venv/bin/zerograph", "status"] and "blocks.1.lr=1e-4" in " ".join(cmd) else 0
+        # status exits 1 while a task of the asked configuration is missing; with the tiny preset's
+        # max_steps, "blocks.1.lr=1e-4 train.epochs=1" built earlier is that same configuration
+        built = any("blocks.1.lr=1e-4" in " ".join(c) for c in ran if c[0].endswith("luigi"))
+        want = 1 if cmd[:2] == [".venv/bin/zerograph", "status"] and "blocks.1.lr=1e-4" in " ".join(cmd) and not built else 0
         assert r.returncode == want, (cmd, (r.stdout + r.stderr)[-3000:])
         ran.append(cmd)
     assert any("report" in c for c in ran) and sum(c[0].endswith("luigi") for c in ran) >= 2
