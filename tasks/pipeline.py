@@ -16,6 +16,7 @@ from zgcore import boundary_store, corpus, metrics, plots, report as zreport, st
 from zgcore.adapters import assemble, build_block, head_logits, head_only
 from zgcore.atomic import write_json, write_text
 from zgcore.config import corpus_files, kept_layers, resolve_boundaries
+from zgcore.device import precision
 from zgcore.hashing import canonical, config_hash
 from zgcore.memory import PeakRSS
 from zgcore.sources import stdlib_root
@@ -151,6 +152,8 @@ class BoundaryShard(_CacheTask):
     ``teacher_dtype``) over one contiguous range of sequences of one split and store every
     boundary of that range: one checksummed HDF5 file per boundary, and ``shard.json``."""
 
+    # 2: load_base runs each family with its own attention implementation (Gemma 2: eager, soft-capped)
+    code_version = 2
     code_deps = ("zgcore.boundary_store", "zgcore.adapters:capture_boundaries", "zgcore.config:resolve_boundaries",
                  "zgcore.teacher_weights", "zgcore.device")
 
@@ -218,8 +221,12 @@ class TeacherBoundary(_CacheTask):
 
     @cached_property
     def uid(self) -> str:
-        """Hash of the cache's settings and the teacher and corpus (not of the shard plan)."""
-        return config_hash(self.get_task_family(), self.own_config(), [self.teacher_task().uid, self.corpus_task().uid])
+        """Hash of the cache's settings, the teacher and corpus, its own code version and its shards'
+        numerics (their code version and compute precision: a bf16-autocast cache is another cache),
+        but not of the shard plan, which changes no byte."""
+        shards = {"code_version": int(BoundaryShard.code_version), "precision": precision(self.device)}
+        return config_hash(self.get_task_family(), {"config": self.own_config(), **self.numerics(), "shards": shards},
+                           [self.teacher_task().uid, self.corpus_task().uid])
 
     def shard_tasks(self) -> list[BoundaryShard] | None:
         """The shard tasks, or None while the corpus (and so the number of sequences) is unknown."""
@@ -265,6 +272,8 @@ class TrainBlock(Resumable, _TeacherTask):
 
     Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``."""
 
+    # 2: online targets come from load_base, which now runs each family with its own attention implementation
+    code_version = 2
     code_deps = ("zgcore.train", "zgcore.loop", "zgcore.objectives", "zgcore.adapters", "zgcore.boundary_store",
                  "zgcore.device", "zgcore.teacher_weights", "zgcore.students", "zgcore.config:kept_layers",
                  "zgcore.config:resolve_boundaries")
