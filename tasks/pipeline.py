@@ -373,7 +373,7 @@ def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
     out = []
     for t in blocks:
         meta = json.loads((t.out_dir / "metrics.json").read_text())
-        b = build_block(model, meta["kept"], "random", 0, meta.get("intermediate_size"))
+        b = build_block(model, meta["kept"], "random", 0, intermediate_size=meta.get("intermediate_size"))
         b.load_layer_state_dict(load_file(str(t.out_dir / f"{which}.safetensors")))
         out.append(b)
     return out

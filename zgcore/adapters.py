@@ -73,7 +73,7 @@ def _set_layer_idx(layer: nn.Module, j: int) -> None:
             mod.layer_idx = j
 
 
-def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int,
+def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
                 device: torch.device | str | None = None, intermediate_size: int | None = None,
                 channels: Sequence[Sequence[float]] | None = None) -> StudentBlock:
     """Build a student block over teacher layers ``layer_indices``.
