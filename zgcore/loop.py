@@ -106,6 +106,15 @@ class TrainLoop:
         self.optimizers[j].step()
         return float(norm)
 
+    def step_on(self, step: int, loss: torch.Tensor, values: Sequence[float] = ()) -> list[float]:
+        """One optimizer step of a one-group run on ``loss``: check that it is finite, backpropagate,
+        clip and step. Returns the step's log row ``[loss, *values]``. Raises :class:`NonFiniteError`."""
+        value = self.check(step, "the loss", loss.item())
+        self.zero_grad()
+        loss.backward()
+        self.update(0, step)
+        return [value, *values]
+
     # -- the loop
     def run(self, batches: Callable[[int], Iterable[Any]], step_fn: Callable[[Any, int], Sequence[float]],
             progress: Callable[[int, int, Sequence[float]], None] | None = None) -> dict[str, Any]:
@@ -190,6 +199,14 @@ class TrainLoop:
             torch.save({"format": CKPT_FORMAT, "modules": {k: m.state_dict() for k, m in self.modules.items()},
                         "optimizers": [o.state_dict() for o in self.optimizers], "torch_rng": torch.get_rng_state(),
                         "step": len(self.log) and int(self.log[-1][0]), "log": self.log, "run_hash": self.run_hash}, tmp)
+
+
+def loss_metrics(m: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
+    """:meth:`TrainLoop.run`'s metrics with ``first``/``final`` as ``first_loss`` and ``final_loss``
+    (the first column) and ``final_<column>`` for every other column."""
+    first, final = m.pop("first"), m.pop("final")
+    extra = {f"final_{c}": final[i] for i, c in enumerate(columns) if i and final}
+    return {**m, "first_loss": first[0] if first else None, "final_loss": final[0] if final else None, **extra}
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
