@@ -111,3 +111,16 @@ def test_local_learning_families_rebuild_a_damaged_output_and_what_reads_it(tmp_
         next(f for f in sorted(folder.rglob("*")) if f.is_file() and f.name != "task.json").unlink()
         ok, ran = run_graph(LocalLearningStudy(**study))
         assert ok and sorted(f for f, _ in ran if f != "LocalLearningStudy") == expect, family
+
+
+def test_a_task_requires_every_output_it_reads(tmp_path):
+    """Evaluate reads the cache's manifest (economics) and the blocks' files; the local study's
+    report reads each model's metrics.json besides its evaluation: each is a declared input, so a
+    rebuilt one makes the reader stale."""
+    from workflows.local import build_local_study, load_local_config
+
+    ev = next(t for t in graph(tmp_path) if t.get_task_family() == "Evaluate")
+    assert {"TeacherBoundary", "TrainBlock", "Assemble", "PrepareCorpus"} <= {u.get_task_family() for u in ev.upstream()}
+    cfg = load_local_config(overrides="study.K=[1,2] study.aux=[mlp] study.mtp=[off]", preset="local_tiny")
+    report = build_local_study(cfg, str(tmp_path))
+    assert sorted(u.get_task_family() for u in report.upstream()) == ["EvaluateLocal"] * 2 + ["PretrainLocal"] * 2
