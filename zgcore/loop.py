@@ -65,11 +65,14 @@ class TrainLoop:
         run_hash: a checkpoint written under another hash is never resumed from.
         modules: the modules whose ``state_dict`` a checkpoint holds, by name.
         columns: names of the values ``step_fn`` returns each step (the log's columns).
+        section: the configuration section that holds ``t`` (``"train"``, ``"heal"``, ``"distill"``),
+            named in the advice of a non-finite error (``heal.lr``, ...).
     """
 
     def __init__(self, name: str, groups: Sequence[Sequence[torch.nn.Parameter]], t: Mapping[str, Any], steps: int,
-                 work: Path | None, run_hash: str, modules: Mapping[str, torch.nn.Module], columns: Sequence[str]):
-        self.name, self.steps, self.work, self.run_hash = name, int(steps), work, run_hash
+                 work: Path | None, run_hash: str, modules: Mapping[str, torch.nn.Module], columns: Sequence[str],
+                 section: str = "train"):
+        self.name, self.steps, self.work, self.run_hash, self.section = name, int(steps), work, run_hash, section
         self.groups = [list(g) for g in groups]
         self.modules, self.columns = dict(modules), list(columns)
         self.lr, self.warmup, self.clip = float(t["lr"]), int(t["warmup_steps"]), float(t["grad_clip"])
@@ -86,7 +89,8 @@ class TrainLoop:
         kept = f"the last checkpoint is kept in {self.work}" if self.work and (self.work / CKPT).exists() else "no checkpoint was taken yet"
         raise NonFiniteError(
             f"{self.name}: {what} is {value} at step {step + 1} of {self.steps}; training stopped and nothing was saved "
-            f"as done ({kept}). Lower train.lr (now {self.lr:g}), set train.grad_clip > 0 (now {self.clip:g}; e.g. 1.0), "
+            f"as done ({kept}). Lower {self.section}.lr (now {self.lr:g}), set {self.section}.grad_clip > 0 (now "
+            f"{self.clip:g}; e.g. 1.0), "
             f"or check the input data (a non-finite boundary or token)")
 
     def zero_grad(self, j: int | None = None) -> None:
