@@ -1,4 +1,6 @@
-"""Canonical configuration hashing: one function names every output path.
+"""Canonical configuration hashing: one function names every output path; the canonical JSON form
+(also the form every result file is written in, :func:`zgcore.atomic.write_json`); source digests
+for the code-version guard.
 
 Follows gokart's unique ids: a task's id is a hash of its own significant configuration and the
 ids of its upstream tasks, so a change anywhere upstream moves every path downstream of it.

@@ -1,4 +1,5 @@
-"""The one training loop: every training stage (ZeroGraph blocks, local-learning pretraining) runs here.
+"""The one training loop: every training stage (ZeroGraph blocks, local-learning pretraining, healing
+and end-to-end distillation) runs here.
 
 It owns what all of them share: one AdamW per parameter group (a ZeroGraph block is one group; a
 local-learning model has one per gradient-isolated block), the learning-rate schedule (linear
