@@ -352,16 +352,13 @@ class TrainBlock(Resumable, _TeacherTask):
         with self.building() as tmp:
             ztrain.save_weights(tmp / "block.safetensors", block.layer_state_dict())
             ztrain.save_weights(tmp / "init.safetensors", init_sd)
-            for name in ("loss_log.csv", ztrain.FINAL_STATE):
-                os.replace(self.work_dir / name, tmp / name)
+            self.keep_work(tmp, (ztrain.LOSS_LOG, ztrain.FINAL_STATE))
             write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,
                                               "objective": self.train["objective"], "targets": self.train["targets"],
                                               "seed": seed, "keep": self.train["keep"], "intermediate_size": block.width,
                                               "influence": [measured["influence"][i] for i in range(start, end)]
                                               if measured else None, "peak_rss_mib": rss.stop()})
-        import shutil
-
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        self.drop_work()
         self.log(f"trained {m['steps']} steps in {m['seconds']:.1f} s; final loss {m['final_loss']:.4f}")
 
 

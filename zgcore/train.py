@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from .atomic import atomic_path
 from .boundary_store import BoundaryReader
 from .device import autocast
-from .loop import CKPT, FINAL_STATE, NonFiniteError, TrainLoop, data_order, load_checkpoint, lr_at  # noqa: F401 (re-exported)
+from .loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, data_order, load_checkpoint, lr_at  # noqa: F401 (re-exported)
 from .loop import loss_metrics
 from .objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, objective_settings, regression_loss
 
