@@ -65,7 +65,7 @@ def main(argv=None) -> None:
     rows = [["teacher", model.config.num_hidden_layers, mlp_width(model.config), n_params(model) / 1e6,
              metrics.cross_entropy(model, tokens["val"], 8, desc="CE teacher"), "-"]]
     for name, blocks in shapes.items():
-        student = assemble(model, [build_block(model, kept, "teacher", 0, w, m["channels"]) for kept, w in blocks])
+        student = assemble(model, [build_block(model, kept, "teacher", 0, intermediate_size=w, channels=m["channels"]) for kept, w in blocks])
         ce = metrics.cross_entropy(student, tokens["val"], 8, desc=f"CE {name}")
         rows.append([name, student.config.num_hidden_layers, student.config.intermediate_size, n_params(student) / 1e6, ce,
                      " ".join(str(k) for k, _ in blocks)])

@@ -143,9 +143,11 @@ class LocalStudyReport(ZGTask):
         return out
 
     def requires(self):
-        return [EvaluateLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=r, eval=self.eval,
-                              outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every)
-                for r in self._runs()]
+        evals = [EvaluateLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=r, eval=self.eval,
+                               outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every)
+                 for r in self._runs()]
+        # each model's metrics.json (tokens, memory, losses) is read here as well as its evaluation
+        return {"evaluations": evals, "models": [e.requires()["model"] for e in evals]}
 
     def own_config(self):
         return {"cells": [{k: c[k] for k in ("K", "aux", "mtp")} for c in self.cells]}
@@ -155,9 +157,10 @@ class LocalStudyReport(ZGTask):
 
     def run(self):
         by_run = {}
-        for t in self.requires():
+        req = self.requires()
+        for t, model in zip(req["evaluations"], req["models"]):
             key = json.dumps(t.setup, sort_keys=True, default=dict)
-            pre = t.requires()["model"].out_dir
+            pre = model.out_dir
             by_run[key] = {"train": json.loads((pre / "metrics.json").read_text()),
                            "eval": json.loads((t.out_dir / "eval.json").read_text()), "dir": str(pre)}
         cells = json.loads(json.dumps(list(self.cells), default=lambda o: dict(o) if hasattr(o, "keys") else list(o)))

@@ -16,6 +16,7 @@ from zgcore import boundary_store, corpus, metrics, plots, report as zreport, st
 from zgcore.adapters import assemble, build_block, head_logits, head_only
 from zgcore.atomic import write_json, write_text
 from zgcore.config import corpus_files, kept_layers, resolve_boundaries
+from zgcore.device import precision
 from zgcore.hashing import canonical, config_hash
 from zgcore.memory import PeakRSS
 from zgcore.sources import stdlib_root
@@ -151,6 +152,8 @@ class BoundaryShard(_CacheTask):
     ``teacher_dtype``) over one contiguous range of sequences of one split and store every
     boundary of that range: one checksummed HDF5 file per boundary, and ``shard.json``."""
 
+    # 2: load_base runs each family with its own attention implementation (Gemma 2: eager, soft-capped)
+    code_version = 2
     code_deps = ("zgcore.boundary_store", "zgcore.adapters:capture_boundaries", "zgcore.config:resolve_boundaries",
                  "zgcore.teacher_weights", "zgcore.device")
 
@@ -218,8 +221,12 @@ class TeacherBoundary(_CacheTask):
 
     @cached_property
     def uid(self) -> str:
-        """Hash of the cache's settings and the teacher and corpus (not of the shard plan)."""
-        return config_hash(self.get_task_family(), self.own_config(), [self.teacher_task().uid, self.corpus_task().uid])
+        """Hash of the cache's settings, the teacher and corpus, its own code version and its shards'
+        numerics (their code version and compute precision: a bf16-autocast cache is another cache),
+        but not of the shard plan, which changes no byte."""
+        shards = {"code_version": int(BoundaryShard.code_version), "precision": precision(self.device)}
+        return config_hash(self.get_task_family(), {"config": self.own_config(), **self.numerics(), "shards": shards},
+                           [self.teacher_task().uid, self.corpus_task().uid])
 
     def shard_tasks(self) -> list[BoundaryShard] | None:
         """The shard tasks, or None while the corpus (and so the number of sequences) is unknown."""
@@ -265,6 +272,8 @@ class TrainBlock(Resumable, _TeacherTask):
 
     Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``."""
 
+    # 2: online targets come from load_base, which now runs each family with its own attention implementation
+    code_version = 2
     code_deps = ("zgcore.train", "zgcore.loop", "zgcore.objectives", "zgcore.adapters", "zgcore.boundary_store",
                  "zgcore.device", "zgcore.teacher_weights", "zgcore.students", "zgcore.config:kept_layers",
                  "zgcore.config:resolve_boundaries")
@@ -343,16 +352,13 @@ class TrainBlock(Resumable, _TeacherTask):
         with self.building() as tmp:
             ztrain.save_weights(tmp / "block.safetensors", block.layer_state_dict())
             ztrain.save_weights(tmp / "init.safetensors", init_sd)
-            for name in ("loss_log.csv", ztrain.FINAL_STATE):
-                os.replace(self.work_dir / name, tmp / name)
+            self.keep_work(tmp, (ztrain.LOSS_LOG, ztrain.FINAL_STATE))
             write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,
                                               "objective": self.train["objective"], "targets": self.train["targets"],
                                               "seed": seed, "keep": self.train["keep"], "intermediate_size": block.width,
                                               "influence": [measured["influence"][i] for i in range(start, end)]
                                               if measured else None, "peak_rss_mib": rss.stop()})
-        import shutil
-
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        self.drop_work()
         self.log(f"trained {m['steps']} steps in {m['seconds']:.1f} s; final loss {m['final_loss']:.4f}")
 
 
@@ -364,7 +370,7 @@ def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
     out = []
     for t in blocks:
         meta = json.loads((t.out_dir / "metrics.json").read_text())
-        b = build_block(model, meta["kept"], "random", 0, meta.get("intermediate_size"))
+        b = build_block(model, meta["kept"], "random", 0, intermediate_size=meta.get("intermediate_size"))
         b.load_layer_state_dict(load_file(str(t.out_dir / f"{which}.safetensors")))
         out.append(b)
     return out

@@ -111,3 +111,57 @@ def test_local_learning_families_rebuild_a_damaged_output_and_what_reads_it(tmp_
         next(f for f in sorted(folder.rglob("*")) if f.is_file() and f.name != "task.json").unlink()
         ok, ran = run_graph(LocalLearningStudy(**study))
         assert ok and sorted(f for f, _ in ran if f != "LocalLearningStudy") == expect, family
+
+
+def test_a_task_requires_every_output_it_reads(tmp_path):
+    """Evaluate reads the cache's manifest (economics) and the blocks' files; the local study's
+    report reads each model's metrics.json besides its evaluation: each is a declared input, so a
+    rebuilt one makes the reader stale."""
+    from workflows.local import build_local_study, load_local_config
+
+    ev = next(t for t in graph(tmp_path) if t.get_task_family() == "Evaluate")
+    assert {"TeacherBoundary", "TrainBlock", "Assemble", "PrepareCorpus"} <= {u.get_task_family() for u in ev.upstream()}
+    cfg = load_local_config(overrides="study.K=[1,2] study.aux=[mlp] study.mtp=[off]", preset="local_tiny")
+    report = build_local_study(cfg, str(tmp_path))
+    assert sorted(u.get_task_family() for u in report.upstream()) == ["EvaluateLocal"] * 2 + ["PretrainLocal"] * 2
+
+
+def damage(tasks, families):
+    """Remove the largest recorded file of the first task of each family; return what must rebuild."""
+    want = set()
+    for family in families:
+        target = next(t for t in tasks if t.get_task_family() == family)
+        files = target.record()["files"]
+        (target.out_dir / max(files, key=lambda f: (files[f], f))).unlink()
+        want |= closure_downstream(tasks, target)
+    return want
+
+
+def roots(case, out):
+    """The tasks run by each case: healing and the distillation study's end-to-end arm on the
+    distill_tiny preset; two seeds of students kept by measured importance."""
+    from workflows import build_experiment, load_config
+    from workflows.distill import build_distill_study
+
+    if case == "distill":
+        study = build_distill_study(load_config("", "", "distill_tiny"), str(out)).requires()
+        return [study["healed"], study["e2e"]]
+    over = tiny_cfg(**{"train.max_steps": 2, "seeds": "[0,1]", "eval.max_sequences": 4, "train.keep": "importance",
+                       "train.importance_sequences": 4})
+    return [build_experiment(load_config("", over, ""), str(out))]
+
+
+@pytest.mark.parametrize("case, families", [
+    ("distill", ["BoundaryShard", "Heal", "DistillE2E", "EvaluateStudent"]),
+    ("seeds", ["LayerImportance", "SeedSummary"])])
+def test_every_other_family_rebuilds_a_damaged_output_and_what_reads_it(case, families, tmp_path, run_graph):
+    """The families the tests above do not damage: the cache's shards, the layer measurements,
+    healing, the end-to-end distillation arm and the seed summary (one file removed from each at once)."""
+    assert run_graph(*roots(case, tmp_path))[0]
+    tasks = list({t.task_id: t for r in roots(case, tmp_path) for t in walk(r)}.values())
+    assert set(families) <= {t.get_task_family() for t in tasks}
+    want = damage(tasks, families)
+    assert {(t.get_task_family(), t.label()) for t in tasks if not t.complete()} == want
+    ok, ran = run_graph(*roots(case, tmp_path))
+    assert ok and set(ran) == want
+    assert all(t.complete() for r in roots(case, tmp_path) for t in walk(r))

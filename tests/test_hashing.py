@@ -25,3 +25,17 @@ def test_canonical_json_is_sorted_and_compact():
 def test_nan_is_rejected():
     with pytest.raises(TypeError):
         canonical(float("nan"))
+
+
+def test_results_are_written_in_the_same_canonical_form_with_non_finite_figures_as_null(tmp_path):
+    import json
+    import math
+
+    import numpy as np
+
+    from zgcore.atomic import write_json
+
+    obj = {"ce": math.nan, "rows": [1.0, np.float32(2.5), (math.inf, -math.inf)], 3: np.int64(4), "p": tmp_path}
+    assert canonical(obj, nonfinite="null") == {"ce": None, "rows": [1, 2.5, [None, None]], "3": 4, "p": str(tmp_path)}
+    write_json(tmp_path / "r.json", obj)
+    assert json.loads((tmp_path / "r.json").read_text()) == canonical(obj, nonfinite="null")

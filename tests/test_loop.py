@@ -1,6 +1,7 @@
 """The one training loop: non-finite values fail at once and keep the last checkpoint; checkpoints
 load with weights_only, a transient read error keeps the file, a malformed one is moved aside."""
 import errno
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,27 @@ def test_trainblock_with_exploding_lr_fails_with_a_message_and_leaves_no_output(
     assert not [p for p in out.glob("TrainBlock/*") if not p.name.endswith(".partial")]  # no output folder
     assert list(out.glob("TrainBlock/block0-*.partial/checkpoint.pt"))  # the last good checkpoint is kept
     assert not list(out.glob("Assemble/*"))
+
+
+def test_a_later_training_stage_heal_with_exploding_lr_fails_and_keeps_nothing(tmp_path, run_graph):
+    """Healing (end-to-end KD after Assemble) runs on the same loop: a non-finite value fails Heal
+    at once, names it and the step, leaves no Heal folder and no report, keeps its last checkpoint."""
+    import luigi
+
+    from workflows import RunExperiment
+
+    failures = []
+    handler = luigi.Task.event_handler(luigi.Event.FAILURE)(lambda task, exc: failures.append((task, exc)))
+    cfg = tiny_cfg(**{"train.max_steps": 2, "heal.steps": 12, "heal.lr": 1e9, "heal.grad_clip": 0,
+                      "heal.batch_size": 2, "heal.checkpoint_every": 1})
+    try:
+        ok, ran = run_graph(RunExperiment(preset="", set=cfg, outputs=str(tmp_path)))
+    finally:
+        luigi.Task._event_callbacks[luigi.Task][luigi.Event.FAILURE].discard(handler)
+    assert not ok
+    (task, exc), = [(t, e) for t, e in failures if t.get_task_family() == "Heal"]
+    assert isinstance(exc, NonFiniteError)
+    assert re.match(r"Heal healed-12: the (KD term|loss|gradient norm) is (nan|inf|-inf) at step \d+ of 12", str(exc))
+    assert "(now 1e+09)" in str(exc)
+    assert not task.out_dir.exists() and not list(tmp_path.glob("Evaluate/*"))
+    assert (task.work_dir / CKPT).is_file()  # the last checkpoint before the fault, for inspection

@@ -37,7 +37,7 @@ def test_narrow_block_equals_teacher_with_other_channels_silenced(teacher):
     ids = _ids(1)
     m = measure(teacher, ids.numpy())
     width = mlp_width(teacher.config) // 2
-    block = build_block(teacher, [1], "teacher", 0, width, m["channels"])
+    block = build_block(teacher, [1], "teacher", 0, intermediate_size=width, channels=m["channels"])
     assert block.width == width
     keep = top_channels(m["channels"][1], width)
     silence = torch.ones(mlp_width(teacher.config))
@@ -60,8 +60,8 @@ def test_blocks_of_different_widths_assemble_by_zero_padding(teacher):
     ids = _ids(2, n=1, t=10)
     m = measure(teacher, ids.numpy())
     full = mlp_width(teacher.config)
-    narrow = [build_block(teacher, [0, 1], "teacher", 0, full // 4, m["channels"]),
-              build_block(teacher, [2, 3], "teacher", 0, full // 2, m["channels"])]
+    narrow = [build_block(teacher, [0, 1], "teacher", 0, intermediate_size=full // 4, channels=m["channels"]),
+              build_block(teacher, [2, 3], "teacher", 0, intermediate_size=full // 2, channels=m["channels"])]
     student = assemble(teacher, narrow)
     key = "n_inner" if teacher.config.model_type == "gpt2" else "intermediate_size"
     assert getattr(student.config, key) == full // 2

@@ -8,12 +8,18 @@ from workflows import ObjectiveStudy, RunExperiment
 from workflows.experiment import build_experiment, build_study, load_config
 
 
+def caches(out):
+    """The teacher caches built under ``out`` (finished folders only)."""
+    return [p for p in (out / "TeacherBoundary").iterdir() if "." not in p.name]
+
+
 def test_seeds_share_the_cache_and_summarise(tmp_path, run_graph):
     cfg = tiny_cfg(**{"seeds": "[3,4]"})
     ok, ran = run_graph(RunExperiment(preset="", set=cfg, outputs=str(tmp_path)))
     assert ok
     fams = [f for f, _ in ran]
-    assert fams.count("TeacherBoundary") == 1 and fams.count("TrainBlock") == 4 and fams.count("Evaluate") == 2
+    # one cache for both seeds (TeacherBoundary may start twice: it yields its shards when the corpus is new)
+    assert len(caches(tmp_path)) == 1 and fams.count("TrainBlock") == 4 and fams.count("Evaluate") == 2
     root = build_experiment(load_config(overrides=cfg, preset=""), str(tmp_path))
     summary = json.loads((root.out_dir / "report.json").read_text())
     assert [r["seed"] for r in summary["rows"]] == [3, 4]
@@ -33,7 +39,7 @@ def test_objective_study_six_arms(tmp_path, run_graph):
     ok, ran = run_graph(ObjectiveStudy(preset="", set=cfg, outputs=str(tmp_path)))
     assert ok
     fams = [f for f, _ in ran]
-    assert fams.count("TeacherBoundary") == 1 and fams.count("Evaluate") == 6 and fams.count("TrainBlock") == 12
+    assert len(caches(tmp_path)) == 1 and fams.count("Evaluate") == 6 and fams.count("TrainBlock") == 12
     root = build_study(load_config(overrides=cfg, preset=""), str(tmp_path))
     rep = json.loads((root.out_dir / "report.json").read_text())
     assert [r["arm"] for r in rep["rows"]] == ["clean/cached", "clean/online", "noisy/cached", "noisy/online",

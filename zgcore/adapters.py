@@ -73,9 +73,9 @@ def _set_layer_idx(layer: nn.Module, j: int) -> None:
             mod.layer_idx = j
 
 
-def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, intermediate_size: int | None = None,
-                channels: Sequence[Sequence[float]] | None = None, *,
-                device: torch.device | str | None = None) -> StudentBlock:
+def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
+                device: torch.device | str | None = None, intermediate_size: int | None = None,
+                channels: Sequence[Sequence[float]] | None = None) -> StudentBlock:
     """Build a student block over teacher layers ``layer_indices``.
 
     Args:
@@ -85,10 +85,10 @@ def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, int
             :class:`zgcore.teacher_weights.LazyLayers`, which reads only the requested layers.
         init: ``"teacher"`` copies those teacher layers' weights; ``"random"`` keeps the
             family's own random initialisation drawn with ``seed``.
+        device: where the block goes (default: the teacher's device).
         intermediate_size: an MLP width narrower than the teacher's; with ``init="teacher"`` each
             layer keeps its channels of largest mean |activation| (``channels[i]``: teacher layer
             i's per-channel magnitudes, :func:`zgcore.students.measure`).
-        device: where the block goes (default: the teacher's device).
 
     Returns a float32 block in train mode.
 

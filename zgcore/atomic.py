@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import uuid
@@ -65,23 +64,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp.unlink()
 
 
-def jsonable(obj: Any) -> Any:
-    """``obj`` with non-finite floats (NaN, ±inf) replaced by ``None``, tuples by lists, paths by str."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically (NaN/inf become ``null``)."""
+    """Write ``obj`` as indented, canonical JSON to ``path`` atomically (NaN/inf become ``null``)."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(canonical(jsonable(obj)), indent=2, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps(canonical(obj, nonfinite="null"), indent=2, sort_keys=True) + "\n")
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -1,4 +1,6 @@
-"""Canonical configuration hashing: one function names every output path.
+"""Canonical configuration hashing: one function names every output path; the canonical JSON form
+(also the form every result file is written in, :func:`zgcore.atomic.write_json`); source digests
+for the code-version guard.
 
 Follows gokart's unique ids: a task's id is a hash of its own significant configuration and the
 ids of its upstream tasks, so a change anywhere upstream moves every path downstream of it.
@@ -18,15 +20,19 @@ from typing import Any, Iterable, Mapping
 HASH_LEN = 12
 
 
-def canonical(obj: Any) -> Any:
+def canonical(obj: Any, nonfinite: str = "raise") -> Any:
     """Return a JSON-ready canonical form of ``obj``.
 
     Mappings become dicts with string keys (key order is irrelevant once dumped with
     ``sort_keys``); tuples become lists; integral floats become ints so that ``1`` and ``1.0``
     hash alike; paths become strings.
 
+    ``nonfinite``: ``"raise"`` (hashing: a NaN or infinity has no canonical form) or ``"null"``
+    (writing results: a non-finite figure becomes ``null``, see :func:`zgcore.atomic.write_json`).
+
     Raises:
-        TypeError: for values that have no canonical JSON form (e.g. arbitrary objects) or NaN.
+        TypeError: for values that have no canonical JSON form (e.g. arbitrary objects), or a
+            non-finite float when ``nonfinite="raise"``.
     """
     if isinstance(obj, bool) or obj is None or isinstance(obj, str):
         return obj
@@ -34,16 +40,18 @@ def canonical(obj: Any) -> Any:
         return int(obj)
     if isinstance(obj, float):
         if math.isnan(obj) or math.isinf(obj):
+            if nonfinite == "null":
+                return None
             raise TypeError(f"cannot hash non-finite float {obj!r}")
         return int(obj) if obj.is_integer() else obj
     if isinstance(obj, Mapping):
-        return {str(k): canonical(v) for k, v in obj.items()}
+        return {str(k): canonical(v, nonfinite) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [canonical(v) for v in obj]
+        return [canonical(v, nonfinite) for v in obj]
     if isinstance(obj, PurePath):
         return str(obj)
     if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
-        return canonical(obj.item())
+        return canonical(obj.item(), nonfinite)
     raise TypeError(f"cannot canonicalise {type(obj).__name__}: {obj!r}")
 
 

@@ -1,4 +1,5 @@
-"""The one training loop: every training stage (ZeroGraph blocks, local-learning pretraining) runs here.
+"""The one training loop: every training stage (ZeroGraph blocks, local-learning pretraining, healing
+and end-to-end distillation) runs here.
 
 It owns what all of them share: one AdamW per parameter group (a ZeroGraph block is one group; a
 local-learning model has one per gradient-isolated block), the learning-rate schedule (linear
@@ -65,11 +66,14 @@ class TrainLoop:
         run_hash: a checkpoint written under another hash is never resumed from.
         modules: the modules whose ``state_dict`` a checkpoint holds, by name.
         columns: names of the values ``step_fn`` returns each step (the log's columns).
+        section: the configuration section that holds ``t`` (``"train"``, ``"heal"``, ``"distill"``),
+            named in the advice of a non-finite error (``heal.lr``, ...).
     """
 
     def __init__(self, name: str, groups: Sequence[Sequence[torch.nn.Parameter]], t: Mapping[str, Any], steps: int,
-                 work: Path | None, run_hash: str, modules: Mapping[str, torch.nn.Module], columns: Sequence[str]):
-        self.name, self.steps, self.work, self.run_hash = name, int(steps), work, run_hash
+                 work: Path | None, run_hash: str, modules: Mapping[str, torch.nn.Module], columns: Sequence[str],
+                 section: str = "train"):
+        self.name, self.steps, self.work, self.run_hash, self.section = name, int(steps), work, run_hash, section
         self.groups = [list(g) for g in groups]
         self.modules, self.columns = dict(modules), list(columns)
         self.lr, self.warmup, self.clip = float(t["lr"]), int(t["warmup_steps"]), float(t["grad_clip"])
@@ -86,7 +90,8 @@ class TrainLoop:
         kept = f"the last checkpoint is kept in {self.work}" if self.work and (self.work / CKPT).exists() else "no checkpoint was taken yet"
         raise NonFiniteError(
             f"{self.name}: {what} is {value} at step {step + 1} of {self.steps}; training stopped and nothing was saved "
-            f"as done ({kept}). Lower train.lr (now {self.lr:g}), set train.grad_clip > 0 (now {self.clip:g}; e.g. 1.0), "
+            f"as done ({kept}). Lower {self.section}.lr (now {self.lr:g}), set {self.section}.grad_clip > 0 (now "
+            f"{self.clip:g}; e.g. 1.0), "
             f"or check the input data (a non-finite boundary or token)")
 
     def zero_grad(self, j: int | None = None) -> None:
@@ -105,6 +110,15 @@ class TrainLoop:
             torch.nn.utils.clip_grads_with_norm_(params, self.clip, norm)
         self.optimizers[j].step()
         return float(norm)
+
+    def step_on(self, step: int, loss: torch.Tensor, values: Sequence[float] = ()) -> list[float]:
+        """One optimizer step of a one-group run on ``loss``: check that it is finite, backpropagate,
+        clip and step. Returns the step's log row ``[loss, *values]``. Raises :class:`NonFiniteError`."""
+        value = self.check(step, "the loss", loss.item())
+        self.zero_grad()
+        loss.backward()
+        self.update(0, step)
+        return [value, *values]
 
     # -- the loop
     def run(self, batches: Callable[[int], Iterable[Any]], step_fn: Callable[[Any, int], Sequence[float]],
@@ -190,6 +204,14 @@ class TrainLoop:
             torch.save({"format": CKPT_FORMAT, "modules": {k: m.state_dict() for k, m in self.modules.items()},
                         "optimizers": [o.state_dict() for o in self.optimizers], "torch_rng": torch.get_rng_state(),
                         "step": len(self.log) and int(self.log[-1][0]), "log": self.log, "run_hash": self.run_hash}, tmp)
+
+
+def loss_metrics(m: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
+    """:meth:`TrainLoop.run`'s metrics with ``first``/``final`` as ``first_loss`` and ``final_loss``
+    (the first column) and ``final_<column>`` for every other column."""
+    first, final = m.pop("first"), m.pop("final")
+    extra = {f"final_{c}": final[i] for i, c in enumerate(columns) if i and final}
+    return {**m, "first_loss": first[0] if first else None, "final_loss": final[0] if final else None, **extra}
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:

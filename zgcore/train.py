@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 from .atomic import atomic_path
 from .boundary_store import BoundaryReader
 from .device import autocast
-from .loop import CKPT, FINAL_STATE, NonFiniteError, TrainLoop, data_order, load_checkpoint, lr_at  # noqa: F401 (re-exported)
+from .loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, data_order, load_checkpoint, lr_at  # noqa: F401 (re-exported)
+from .loop import loss_metrics
 from .objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, objective_settings, regression_loss
 
 
@@ -143,17 +144,11 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
             terms = aux_losses(head(pred.float()), ids, active, int(t.get("mtp_n") or 1))
             values = [loss.item()] + [loop.check(step, f"the {k} term", v.item()) for k, v in terms.items()]
             loss = loss + sum(active[k] * v for k, v in terms.items())
-        value = loop.check(step, "the loss", loss.item())
-        loop.zero_grad()
-        loss.backward()
-        loop.update(0, step)
-        return [value, *values]
+        return loop.step_on(step, loss, values)
 
     block.train()
     m = loop.run(pairs, step_fn, progress=(lambda s, n_, v: progress(s, n_, v[0])) if progress else None)
-    first, final = m.pop("first"), m.pop("final")
-    extra = {f"final_{c}": final[i] for i, c in enumerate(loop.columns) if i and final}  # aux terms, unweighted
-    return {**m, "first_loss": first[0] if first else None, "final_loss": final[0] if final else None, **extra}
+    return loss_metrics(m, loop.columns)  # final_<aux term>: unweighted
 
 
 def save_weights(path: Path, state_dict: dict[str, torch.Tensor]) -> None:

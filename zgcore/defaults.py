@@ -1,0 +1,83 @@
+"""Every experiment key and its default value (``DEFAULTS``, with what each one means), and the
+choices a key may take. Data only: loading and checking a configuration is :mod:`zgcore.config`.
+
+A configuration's hash is taken from its canonical values (:mod:`zgcore.hashing`), never from
+where a default is written down.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .distill_config import DISTILL_DEFAULTS, HEAL_DEFAULTS
+
+DEFAULTS: dict[str, Any] = {
+    "name": "default",
+    "teacher": "smollm2-135m",
+    "device": "cpu",
+    "seeds": None,  # e.g. [0, 1, 2]: one set of blocks and one student per seed (train.seed replaced), one cache
+    "corpus": {
+        # "pydoc" = the English reference text shipped in the standard library (pydoc_data.topics);
+        # "python-stdlib" = the standard library's own .py files (~30 MB); or files / globs: text,
+        # .jsonl / .parquet (field / column `text_field`), or a datasets.save_to_disk folder.
+        "source": "pydoc",
+        "text_field": "text",
+        "buffer_tokens": 1 << 20,  # tokens held in memory while tokenising (bounds PrepareCorpus' memory)
+        "seq_len": 256,
+        "val_fraction": 0.1,
+        "max_tokens": 0,  # 0 = all tokens
+        "split_seed": 0,
+    },
+    "boundary": {
+        "num_blocks": 3,
+        "boundaries": None,  # None = evenly spaced: [0, n/K, 2n/K, ..., n]
+        "dtype": "float32",  # storage dtype of the boundaries in the cache
+        "batch_size": 8,  # sequences per teacher forward
+        # sequences per BoundaryShard task (a multiple of batch_size); how the cache build is split
+        # over workers, not what it holds: unhashed, the bytes are identical for any value
+        "shard_sequences": 1024,
+        "teacher_dtype": "float32",  # dtype the teacher is loaded and run in (cache build, online targets)
+    },
+    "train": {
+        "objective": "clean",
+        "targets": "cached",  # "cached": read the teacher boundary store; "online": run the teacher each step
+        "noise": 0.1,  # noisy/denoise objectives: noise std as a multiple of each channel's RMS
+        "loss_norm": "channel",
+        "n_layers": None,  # None = round(keep_fraction * partition size)
+        "keep_fraction": 0.8,
+        "keep": "spread",  # which teacher layers of the partition the student starts from (or "importance")
+        "importance_sequences": 32,  # keep="importance" / intermediate_size: train sequences measured on the teacher
+        "intermediate_size": None,  # None = the teacher's MLP width; narrower keeps the most active channels
+        "init": "teacher",  # "teacher" (copy kept layers) or "random"
+        "lr": 2e-3,  # AdamW peak; block-1 sweep on SmolLM2: 2e-4 < 5e-4 < 1e-3 < 2e-3 in recovered CE
+        "epochs": 1.5,
+        "max_steps": 0,  # 0 = epochs decide
+        "batch_size": 4,  # more, smaller steps beat fewer large ones at this token budget
+        "warmup_steps": 10,
+        "weight_decay": 0.0,
+        "grad_clip": 1.0,
+        "seed": 0,
+        "checkpoint_every": 25,
+        # local auxiliary terms through the teacher's frozen head (zgcore.objectives.aux_losses); 0 = off, not hashed
+        "ce_weight": 0.0,  # next-token cross-entropy
+        "mtp_weight": 0.0,  # multi-token prediction over the next mtp_n tokens
+        "mtp_n": 2,
+    },
+    "blocks": {},
+    "heal": HEAL_DEFAULTS, "distill": DISTILL_DEFAULTS,  # end-to-end logit KD: healing; DistillStudy's e2e arm
+    "eval": {
+        "batch_size": 8,
+        "max_sequences": 0,  # 0 = the whole validation split
+        "context_window": 16,  # W: tokens visible in the restricted condition of context use
+        "context_sequences": 8,  # validation sequences used for context use (it costs ~W/2 forwards each)
+        "gate_gap": 0.8,  # quality gate: share of the untrained->teacher CE gap recovered
+        "gate_context": 0.8,  # context gate: student context use >= this x teacher's (and > 0)
+    },
+}
+
+# Keys that change where results land but not what is computed are never hashed.
+UNHASHED_TOP = {"name", "device"}
+KEEP_POLICIES = ("spread", "first", "last", "importance")
+INITS = ("teacher", "random")
+DTYPES = ("float32", "float16", "bfloat16")
+LOSS_NORMS = ("none", "token", "channel")
+TARGETS = ("cached", "online")
