@@ -27,6 +27,10 @@ class _DistillTask(Resumable, _StudentTask):
     logits with :func:`zgcore.distill.distill` and save it as a Hugging Face folder ``model/``
     with ``metrics.json`` (incl. ``peak_rss_mib``), ``loss_log.csv`` and ``train_state.pt``."""
 
+    code_deps = ("zgcore.distill", "zgcore.loop", "zgcore.objectives:regression_loss", "zgcore.adapters",
+                 "zgcore.corpus:read_tokens", "zgcore.teacher:load")
+    section = "heal"  # the configuration section of settings(), named in errors
+
     def corpus_task(self) -> PrepareCorpus:
         return PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
 
@@ -45,7 +49,7 @@ class _DistillTask(Resumable, _StudentTask):
             student, pairs, extra = self.start_student(teacher)
             h = self.settings()
             m = zdistill.distill(student, teacher, tokens, h, int(h["steps"]), int(h["seed"]), self.work_dir, self.uid,
-                                 pairs=pairs, name=f"{self.get_task_family()} {self.label()}",
+                                 pairs=pairs, name=f"{self.get_task_family()} {self.label()}", section=self.section,
                                  progress=lambda s, n, v: self.progress(s, n, f"step {s}/{n} loss {v[0]:.4f}"))
         with self.building() as tmp:
             student.save_pretrained(tmp / "model")
@@ -103,9 +107,15 @@ class DistillE2E(_DistillTask):
     ``distill.steps`` is set. The teacher runs online; no boundary cache is needed."""
 
     distill = luigi.DictParameter(visibility=HIDDEN, description="the experiment's distill section")
+    section = "distill"
+    code_deps = _DistillTask.code_deps + ("zgcore.config:kept_layers", "zgcore.students", "zgcore.train:block_seed")
 
     def requires(self):
-        return {"teacher": self.teacher_task(), "corpus": self.corpus_task()}
+        req = {"teacher": self.teacher_task(), "corpus": self.corpus_task()}
+        imp = importance_task(self)
+        if imp is not None:
+            req["importance"] = imp
+        return req
 
     def own_config(self):
         from zgcore.train import effective_train
@@ -125,7 +135,9 @@ class DistillE2E(_DistillTask):
 
         n_train = int(corpus.read_meta(self.corpus_task().out_dir / "tokens.h5")["n_train"])
         bounds = resolve_boundaries(self.boundary, len(zdistill_layers(teacher)))
-        student, pairs, passes = zdistill.initial_student(teacher, bounds, self.blocks, n_train)
+        imp = importance_task(self)
+        measured = json.loads((imp.out_dir / "importance.json").read_text()) if imp is not None else None
+        student, pairs, passes = zdistill.initial_student(teacher, bounds, self.blocks, n_train, measured)
         layers = sum(n for _, _, n in passes)
         matched = zdistill.e2e_steps(passes, layers, int(self.distill["batch_size"]))
         self._steps = int(self.distill["steps"]) or matched
@@ -133,6 +145,20 @@ class DistillE2E(_DistillTask):
                  f"(matched to the blockwise arm's {sum(s * b * n for s, b, n in passes)} layer-sequence passes: {matched})")
         return student.train(), pairs, {"matched_steps": matched, "student_layers": layers, "block_passes": passes,
                                         "pairs": pairs}
+
+
+def importance_task(task):
+    """The teacher's layer and channel measurements the blocks' students are chosen by (the same
+    ``LayerImportance`` task the TrainBlocks read), or ``None`` when no block uses them."""
+    from zgcore import students
+
+    from .students import LayerImportance
+
+    need = [t for t in task.blocks if students.needs_measure(t)]
+    if not need:
+        return None
+    return LayerImportance(teacher=task.teacher, corpus=task.corpus, outputs=task.outputs, device=task.device,
+                           sequences=int(need[0]["importance_sequences"]))
 
 
 def zdistill_layers(model):
@@ -148,6 +174,7 @@ class EvaluateStudent(_StudentTask):
 
     eval = luigi.DictParameter(visibility=HIDDEN)
     distill = luigi.DictParameter(visibility=HIDDEN)
+    code_deps = ("zgcore.metrics:cross_entropy", "zgcore.metrics:context_use")
 
     def requires(self):
         return {"model": DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
@@ -188,15 +215,24 @@ class DistillStudyReport(_StudentTask):
     heal = luigi.DictParameter(visibility=HIDDEN)
     distill = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="distill-study", significant=False)
+    code_deps = ("zgcore.distill_report", "zgcore.report", "zgcore.markdown")
 
     def requires(self):
-        from .pipeline import Evaluate
+        """The three arms' evaluations and every output the report reads besides them: the
+        end-to-end model's and the healing stage's metrics, and (cached targets) the cache's manifest."""
+        from .pipeline import Evaluate, TeacherBoundary
 
         kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
                   outputs=self.outputs, device=self.device)
-        return {"blockwise": Evaluate(eval=self.eval, name=self.name, **kw),
-                "e2e": EvaluateStudent(eval=self.eval, distill=self.distill, **kw),
-                "healed": Evaluate(eval=self.eval, heal=self.heal, name=self.name, **kw)}
+        req = {"blockwise": Evaluate(eval=self.eval, name=self.name, **kw),
+               "e2e": EvaluateStudent(eval=self.eval, distill=self.distill, **kw),
+               "healed": Evaluate(eval=self.eval, heal=self.heal, name=self.name, **kw),
+               "e2e_model": DistillE2E(distill=self.distill, **kw),
+               "heal": Heal(heal=self.heal, **kw)}
+        if any(t["targets"] == "cached" for t in self.blocks):
+            req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
+                                           outputs=self.outputs, device=self.device)
+        return req
 
     def own_config(self):
         return {}
@@ -206,20 +242,20 @@ class DistillStudyReport(_StudentTask):
 
     def run(self):
         from zgcore import distill_report
-        from .pipeline import TeacherBoundary
 
         req = self.requires()
         a = json.loads((req["blockwise"].out_dir / "report.json").read_text())
         c = json.loads((req["healed"].out_dir / "report.json").read_text())
         b = json.loads((req["e2e"].out_dir / "eval.json").read_text())
-        e2e = read_metrics(req["e2e"].requires()["model"])
-        heal = read_metrics(req["healed"].requires()["assemble"])
-        cache = json.loads((TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
-                                            outputs=self.outputs).out_dir / "manifest.json").read_text())
+        e2e = read_metrics(req["e2e_model"])
+        heal = read_metrics(req["heal"])
         blocks = [{"task": f"TrainBlock {m['block']}", "seconds": m["seconds"], "peak_rss_mib": m.get("peak_rss_mib")}
                   for m in a["blocks"]]
-        stages = [[{"task": "TeacherBoundary", "seconds": cache["build_seconds"], "peak_rss_mib": cache.get("peak_rss_mib")}]] \
-            if a["blocks"][0]["targets"] == "cached" else []
+        stages = []
+        if "cache" in req:
+            cache = json.loads((req["cache"].out_dir / "manifest.json").read_text())
+            stages.append([{"task": "TeacherBoundary", "seconds": cache["build_seconds"],
+                            "peak_rss_mib": cache.get("peak_rss_mib")}])
         stages.append(blocks)
         seq = int(a["seq_len"])
         block_passes = sum(m["steps"] * int(t["batch_size"]) * len(m["kept"]) for m, t in zip(a["blocks"], self.blocks)) * seq

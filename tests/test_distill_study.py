@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.skip(reason="DistillStudy is unfinished on main; the finished version is on branch h5, not yet merged")
+
 
 import json
 
@@ -53,20 +53,29 @@ def test_distill_study_reuses_the_experiment_and_matches_the_budget(tmp_path, ru
     assert (e2e.out_dir / "loss_log.csv").read_text().splitlines()[0] == "step,loss,kd,hidden,lr"
 
 
-def test_e2e_student_starts_from_the_blockwise_init(tmp_path, run_graph):
-    """Same kept layers, same initialisation: the e2e arm's starting layers are byte-identical to
-    each TrainBlock's init.safetensors."""
+@pytest.mark.parametrize("over", ["train.init=random",
+                                  # kept by measured influence, MLPs narrowed to the 32 largest channels of 64
+                                  "train.keep=importance train.intermediate_size=32 train.importance_sequences=4"])
+def test_e2e_student_starts_from_the_blockwise_init(over, tmp_path, run_graph):
+    """Same kept layers, same MLP width, same initialisation: the e2e arm's starting layers are
+    byte-identical to each TrainBlock's init.safetensors."""
     from workflows import load_config
     from workflows.distill import build_distill_study
     from zgcore import distill as zdistill
 
-    cfg = load_config("", "train.init=random", "distill_tiny")
+    cfg = load_config("", over, "distill_tiny")
     study = build_distill_study(cfg, str(tmp_path))
     blocks = study.requires()["blockwise"].block_tasks()
     ok, _ = run_graph(*blocks)
     assert ok
     _, (teacher, _) = blocks[0].load_teacher()
-    student, pairs, passes = zdistill.initial_student(teacher, [0, 2, 4], list(study.blocks), 100)
+    e2e = study.requires()["e2e_model"]
+    imp = e2e.requires().get("importance")
+    assert (imp is None) == ("importance" not in over)
+    measured = json.loads((imp.out_dir / "importance.json").read_text()) if imp else None
+    student, pairs, passes = zdistill.initial_student(teacher, [0, 2, 4], list(study.blocks), 100, measured)
+    if imp:
+        assert student.config.intermediate_size == 32
     assert pairs == [(1, 2)] and [p[2] for p in passes] == [1, 1]
     layers = student.model.layers
     for i, b in enumerate(blocks):
@@ -76,7 +85,9 @@ def test_e2e_student_starts_from_the_blockwise_init(tmp_path, run_graph):
 
 
 @pytest.mark.parametrize("over,what", [("heal.steps=0", "heal.steps > 0"), ("distill.temperature=0", "distill.temperature"),
-                                       ("distill.steps=-2", "distill.steps"), ("distill.hidden_weight=-1", "hidden_weight")])
+                                       ("distill.steps=-2", "distill.steps"), ("distill.hidden_weight=-1", "hidden_weight"),
+                                       ("heal.grad_clip=-1", "heal.grad_clip"), ("distill.weight_decay=x", "distill.weight_decay"),
+                                       ("blocks.0.intermediate_size=32", "one MLP width")])
 def test_bad_study_settings_fail_at_construction(over, what):
     from workflows import DistillStudy
 

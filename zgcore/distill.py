@@ -22,7 +22,7 @@ import torch
 
 from .distill_config import DISTILL_DEFAULTS, HEAL_DEFAULTS, validate_distill  # noqa: F401 (re-exported)
 from .device import autocast
-from .loop import TrainLoop, data_order
+from .loop import TrainLoop, data_order, loss_metrics
 from .memory import PeakRSS  # noqa: F401 (re-exported)
 from .objectives import regression_loss
 
@@ -59,13 +59,20 @@ def e2e_steps(block_passes: Sequence[tuple[int, int, int]], student_layers: int,
 
 
 def initial_student(teacher: torch.nn.Module, bounds: Sequence[int], blocks: Sequence[Mapping[str, Any]],
-                    n_train: int) -> tuple[torch.nn.Module, list[tuple[int, int]], list[tuple[int, int, int]]]:
-    """The blockwise arm's student before training, whole: the same kept layers and the same
+                    n_train: int, measured: Mapping[str, Any] | None = None,
+                    ) -> tuple[torch.nn.Module, list[tuple[int, int]], list[tuple[int, int, int]]]:
+    """The blockwise arm's student before training, whole: the same kept layers, MLP widths and
     initialisation as each ``TrainBlock`` (``build_block`` with the block's own seed), assembled.
 
     Args:
         teacher: the teacher causal LM. bounds: boundary layer indices ``b_0 = 0 < ... < b_K``.
         blocks: each block's resolved train settings. n_train: training sequences (for step counts).
+        measured: the ``LayerImportance`` measurements (``influence``, ``channels``) when a block
+            keeps layers by importance or narrows its MLP (:func:`zgcore.students.needs_measure`).
+
+    Raises:
+        ValueError: blocks of different MLP widths (the assembled student would carry zero-padded
+            channels that end-to-end training would grow, so it would not be the same student).
 
     Returns:
         ``(student, pairs, passes)``: the assembled float32 student; the interior boundaries as
@@ -75,10 +82,16 @@ def initial_student(teacher: torch.nn.Module, bounds: Sequence[int], blocks: Seq
     from .config import kept_layers
     from .train import block_seed, total_steps
 
+    widths = {t.get("intermediate_size") for t in blocks}
+    if len(widths) > 1:
+        raise ValueError(f"end-to-end distillation needs one MLP width for every block, got train.intermediate_size "
+                         f"{sorted(map(str, widths))}: set one train.intermediate_size for all blocks")
+    measured = measured or {}
     built, pairs, passes, offset = [], [], [], 0
     for i, t in enumerate(blocks):
-        kept = kept_layers(bounds[i], bounds[i + 1], t)
-        built.append(build_block(teacher, kept, t["init"], block_seed(int(t["seed"]), i)))
+        kept = kept_layers(bounds[i], bounds[i + 1], t, measured.get("influence"))
+        built.append(build_block(teacher, kept, t["init"], block_seed(int(t["seed"]), i),
+                                 intermediate_size=t.get("intermediate_size"), channels=measured.get("channels")))
         passes.append((total_steps(n_train, t), int(t["batch_size"]), len(kept)))
         offset += len(kept)
         if i + 1 < len(blocks):
@@ -94,7 +107,7 @@ def _residuals(model: torch.nn.Module, ids: torch.Tensor, layers: Sequence[int])
 
 def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarray, h: Mapping[str, Any], steps: int,
             seed: int, work: Path | None, run_hash: str, pairs: Sequence[tuple[int, int]] = (), name: str = "distill",
-            progress: Callable[[int, int, Sequence[float]], None] | None = None) -> dict[str, Any]:
+            section: str = "heal", progress: Callable[[int, int, Sequence[float]], None] | None = None) -> dict[str, Any]:
     """Train ``student``'s decoder layers end to end on the teacher's logits (and hidden states).
 
     Args:
@@ -107,6 +120,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarr
         work: checkpoint folder (kept across interruptions); ``None`` = nothing on disk.
         pairs: ``(student_layer, teacher_layer)`` interior boundaries of the hidden-state term
             (the input of those layers); used when ``hidden_weight`` > 0.
+        section: the configuration section of ``h`` (``"heal"`` or ``"distill"``), named in errors.
         progress: ``progress(step, steps, values)``.
 
     Returns:
@@ -129,7 +143,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarr
     for p in params:
         p.requires_grad_(True)
     columns = ["loss", "kd", "hidden"] if pairs else ["loss", "kd"]
-    loop = TrainLoop(name, [params], h, steps, work, run_hash, {"student": student}, columns)
+    loop = TrainLoop(name, [params], h, steps, work, run_hash, {"student": student}, columns, section=section)
     per_epoch = (n + bs - 1) // bs
 
     def batches(step: int) -> Iterator[torch.Tensor]:
@@ -152,18 +166,11 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarr
             hid = torch.stack([regression_loss(s_hidden[s].float(), t_hidden[t].float(), "token") for s, t in pairs]).mean()
             values.append(loop.check(step, "the hidden-state term", hid.item()))
             loss = kd + w_hidden * hid
-        value = loop.check(step, "the loss", loss.item())
-        loop.zero_grad()
-        loss.backward()
-        loop.update(0, step)
-        return [value, *values]
+        return loop.step_on(step, loss, values)
 
     student.train()
     m = loop.run(batches, step_fn, progress=progress)
     student.eval()
-    first, final = m.pop("first"), m.pop("final")
-    extra = {f"final_{c}": final[i] for i, c in enumerate(columns) if i and final}
-    return {**m, "first_loss": first[0] if first else None, "final_loss": final[0] if final else None, **extra,
-            "tokens_seen": steps * bs * int(tokens.shape[1])}
+    return {**loss_metrics(m, columns), "tokens_seen": steps * bs * int(tokens.shape[1])}
 
 

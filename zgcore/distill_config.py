@@ -32,6 +32,10 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
     v = h["hidden_weight"]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
         raise ConfigError(f"{where}.hidden_weight must be a finite number >= 0 (0 = logits only), got {v!r}")
+    for k in ("grad_clip", "weight_decay"):
+        v = h[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+            raise ConfigError(f"{where}.{k} must be a finite number >= 0 (grad_clip 0 = no clipping), got {v!r}")
     for k in ("batch_size", "checkpoint_every"):
         _positive_int(f"{where}.{k}", h[k])
     for k in ("warmup_steps", "seed"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from . import metrics
+from . import report as zreport
 from .markdown import num, table
 
 ARMS = {"blockwise": "(a) ZeroGraph blockwise", "e2e": "(b) end-to-end distillation", "healed": "(c) blockwise + healing"}
@@ -31,15 +31,17 @@ def arm(name: str, ce: float, ce_untrained: float, ce_teacher: float, context_us
 
     Returns:
         ``name``, ``label``, ``ce``, ``gap_recovered``, ``context_ratio``, ``gates`` (as
-        :func:`zgcore.metrics.gates`), ``serial_seconds`` (one worker), ``critical_seconds`` (each
+        :func:`zgcore.report.gates`), ``serial_seconds`` (one worker), ``critical_seconds`` (each
         stage as long as its longest task: enough workers), ``peak_rss_mib`` and ``peak_task`` (the
         largest single task), ``max_parallel`` (tasks in the widest stage), ``tasks``, ``passes``.
     """
-    gap = metrics.gap_recovered(ce_untrained, ce, ce_teacher)
-    g = metrics.gates({"gap_recovered": gap, "context_use": context_use}, gate_gap, gate_context)
+    gap, reason = zreport.gap_recovered(ce_untrained, ce, ce_teacher)
+    g = zreport.gates({"gap_recovered": gap, "gap_reason": reason, "context_use": context_use,
+                       "cross_entropy": {"teacher": ce_teacher, "untrained": ce_untrained, "student": ce}},
+                      gate_gap, gate_context)
     tasks = [t for s in stages for t in s]
     peak = max(tasks, key=lambda t: t.get("peak_rss_mib") or 0.0)
-    return {"name": name, "label": ARMS[name], "ce": ce, "gap_recovered": gap, "gates": g,
+    return {"name": name, "label": ARMS[name], "ce": ce, "gap_recovered": gap, "gap_reason": reason, "gates": g,
             "context_ratio": g.get("context", {}).get("value"),
             "serial_seconds": sum(t["seconds"] for t in tasks),
             "critical_seconds": sum(max(t["seconds"] for t in s) for s in stages),
@@ -51,9 +53,8 @@ def markdown(report: Mapping[str, Any]) -> str:
     """The study report as Markdown (one table, the budget matching, the reference CEs)."""
     rows = []
     for a in report["arms"]:
-        gates = ", ".join(f"{k} {'pass' if v['passed'] else 'FAIL'}" for k, v in a["gates"].items())
-        rows.append([a["label"], num(a["ce"]), num(100 * a["gap_recovered"], ".1f") + "%", num(a["context_ratio"], ".2f"),
-                     gates, num(a["serial_seconds"], ".1f"), num(a["critical_seconds"], ".1f"),
+        rows.append([a["label"], num(a["ce"]), zreport.gap_text(a["gap_recovered"], a.get("gap_reason")), num(a["context_ratio"], ".2f"),
+                     zreport.gate_text(a["gates"]), num(a["serial_seconds"], ".1f"), num(a["critical_seconds"], ".1f"),
                      f"{num(a['peak_rss_mib'], '.0f')} ({a['peak_task']})", f"{a['max_parallel']} of {a['tasks']}",
                      f"{a['passes']:,}"])
     head = ["arm", "held-out CE", "gap recovered", "context use (x teacher)", "gates", "wall s (1 worker)",
