@@ -41,9 +41,13 @@ def _argv(cmd: list[str]) -> list[str]:
     return [sys.executable, "-c", "import sys; from workflows.cli import main; sys.argv[0] = 'zerograph'; main()", *args]
 
 
+TINY_OF = {"distill": "distill_tiny"}  # a SmolLM2 preset -> its seconds-long twin on a tiny random teacher
+
+
 def _tiny(cmd: list[str]) -> list[str]:
     if "--preset" in cmd:
-        return cmd
+        i = cmd.index("--preset") + 1
+        return [*cmd[:i], TINY_OF.get(cmd[i], cmd[i]), *cmd[i + 1:]]
     return cmd + ["--preset", "local_tiny" if "LocalLearningStudy" in cmd else "tiny"]
 
 
