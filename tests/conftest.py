@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import luigi
 import pytest
@@ -35,3 +39,19 @@ def tiny_cfg(teacher: str = "tiny-llama", **over) -> str:
             "eval.context_window": 8, "eval.context_sequences": 2}
     base.update(over)
     return " ".join(f"{k}={v}" for k, v in base.items())
+
+
+def kill_at_first_checkpoint(cmd: list[str], cwd: Path, env: dict, pattern: Path, timeout_s: float = 120.0) -> None:
+    """Start ``cmd`` and SIGKILL it as soon as a file matching the glob ``pattern`` (e.g.
+    ``out / "TrainBlock/*.partial/checkpoint.pt"``) appears. Fails the test if the run ended first."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    root, glob = Path(pattern.anchor), str(pattern.relative_to(pattern.anchor))
+    deadline, found = time.time() + timeout_s, []
+    while time.time() < deadline and proc.poll() is None:
+        found = list(root.glob(glob))
+        if found:
+            break
+        time.sleep(0.02)
+    assert found, "no checkpoint appeared before the run ended"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()

@@ -115,7 +115,7 @@ def test_head_only_keeps_the_head_and_drops_the_layers():
 
 
 def test_trainblock_with_ce_term_runs_and_logs_the_terms(tmp_path, run_graph):
-    from workflows import RunExperiment, load_config
+    from workflows import load_config
     from workflows.experiment import block_settings
     from tasks.pipeline import TrainBlock
 

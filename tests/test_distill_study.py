@@ -1,10 +1,6 @@
 """DistillStudy (issue 14): blockwise vs end-to-end vs blockwise + healing on one tiny teacher."""
 from __future__ import annotations
 
-import pytest
-
-
-
 import json
 
 import pytest

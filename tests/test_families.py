@@ -4,7 +4,6 @@ teacher's held-out CE to 1e-5 nats; the assembled folder loads with AutoModelFor
 import json
 
 import pytest
-import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -2,11 +2,11 @@
 uninterrupted run; a non-finite loss fails it at once and leaves no output folder."""
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.conftest import kill_at_first_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = "study.K=[1,2] study.aux=[mlp] study.mtp=[first] train.token_budget=8192 train.checkpoint_every=4"  # 64 steps
@@ -28,16 +28,7 @@ def test_sigkill_mid_pretrain_local_resumes_to_identical_bytes(tmp_path):
     ref, out = tmp_path / "ref", tmp_path / "killed"
     r = subprocess.run(_cmd(ref), cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    proc = subprocess.Popen(_cmd(out), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline, ckpts = time.time() + 120, []
-    while time.time() < deadline and proc.poll() is None:
-        ckpts = list(out.glob("PretrainLocal/*.partial/checkpoint.pt"))
-        if ckpts:
-            break
-        time.sleep(0.02)
-    assert ckpts, "no checkpoint appeared before the run ended"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_at_first_checkpoint(_cmd(out), ROOT, env, out / "PretrainLocal/*.partial/checkpoint.pt")
     assert not list(out.glob("LocalStudyReport/*"))  # it really died before the end
     rerun = subprocess.run(_cmd(out), cwd=ROOT, env=env, capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-3000:]

@@ -1,15 +1,13 @@
 """Kill a TrainBlock with SIGKILL mid-training; the rerun resumes and ends byte-identical."""
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import tiny_cfg
+from tests.conftest import kill_at_first_checkpoint, tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = tiny_cfg(**{"train.max_steps": 400, "train.checkpoint_every": 10, "train.batch_size": 2})
@@ -31,17 +29,7 @@ def test_sigkill_mid_block_resumes_to_identical_bytes(tmp_path, device):
     ref, out = tmp_path / "ref", tmp_path / "killed"
     assert subprocess.run(_cmd(ref, device), cwd=ROOT, env=env, capture_output=True).returncode == 0
 
-    proc = subprocess.Popen(_cmd(out, device), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    ckpts = []
-    while time.time() < deadline and proc.poll() is None:
-        ckpts = list(out.glob("TrainBlock/*.partial/checkpoint.pt"))
-        if ckpts:
-            break
-        time.sleep(0.02)
-    assert ckpts, "no checkpoint appeared before the run ended"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_at_first_checkpoint(_cmd(out, device), ROOT, env, out / "TrainBlock/*.partial/checkpoint.pt")
     boundary_mtime = next(out.glob("BoundaryShard/train-*/b0.h5")).stat().st_mtime_ns
     assert not list(out.glob("Evaluate/*"))  # it really died before the end
 
