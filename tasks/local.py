@@ -50,12 +50,16 @@ class _LocalTask(ZGTask):
     def corpus_task(self) -> PrepareCorpus:
         return PrepareCorpus(teacher=self.tokenizer, corpus=self.corpus, outputs=self.outputs)
 
-    def label(self):
+    def config_label(self) -> str:
+        """``K<k>-<aux|e2e>[-mtp<boundaries>]-s<seed>``: the configuration, whatever its lr."""
         loc = self.setup["local"]
         mtp = "-mtp" + "_".join(map(str, loc["mtp_boundaries"])) if loc["mtp_boundaries"] else ""
         aux = f"-{loc['aux']}" if int(loc["K"]) > 1 else "-e2e"
+        return f"K{loc['K']}{aux}{mtp}-s{self.setup['train']['seed']}"
+
+    def label(self):
         lr = f"-lr{float(self.setup['train']['lr']):g}" if self.setup["train"].get("holdout_sequences") else ""
-        return f"K{loc['K']}{aux}{mtp}-s{self.setup['train']['seed']}{lr}"
+        return self.config_label() + lr
 
 
 class PretrainLocal(Resumable, _LocalTask):
@@ -171,7 +175,7 @@ class ChooseLocalLR(_LocalTask):
         return {"setup": self.setup, "lrs": [float(x) for x in self.lrs], "tune_fraction": float(self.tune_fraction)}
 
     def label(self):
-        return super().label() + "-lr"
+        return self.config_label() + "-lrs"
 
     def run(self):
         evs = [json.loads((t.out_dir / "eval.json").read_text()) for t in self.requires()]
