@@ -101,6 +101,16 @@ class ZGTask(luigi.Task):
         """The ZeroGraph tasks :meth:`requires` returns, in order."""
         return [t for t in flatten(self.requires()) if isinstance(t, ZGTask)]
 
+    def dynamic_upstream(self) -> list["ZGTask"]:
+        """Tasks whose outputs this one reads besides :meth:`requires`: the dynamic dependencies its
+        ``run`` yields, once they can be named ([] by default). Not hashed (they follow from the
+        static inputs), but recorded and checked like them, so a rebuilt one makes this task stale."""
+        return []
+
+    def read_upstream(self) -> list["ZGTask"]:
+        """Every task whose output this one reads: :meth:`upstream`, then :meth:`dynamic_upstream`."""
+        return self.upstream() + [t for t in self.dynamic_upstream() if isinstance(t, ZGTask)]
+
     @cached_property
     def uid(self) -> str:
         """The task's unique id: hash of family, own config, numerics and upstream ids."""
@@ -144,7 +154,7 @@ class ZGTask(luigi.Task):
         problem = self.verify()
         if problem:
             return "damaged", problem
-        for t in self.upstream():
+        for t in self.read_upstream():
             name = f"{t.get_task_family()} {t.label()}"
             if not t.complete():
                 return "stale", f"its input {name} is not complete and will be rebuilt first"
@@ -176,14 +186,14 @@ class ZGTask(luigi.Task):
             kind = (self.check_output() or ("damaged", ""))[0]
             aside = f"{self.out_dir.name}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
             self.out_dir.rename(self.out_dir.with_name(aside))
-        ups = self.upstream()
+        ups = self.read_upstream()
         with atomic_path(self.out_dir) as tmp:
             tmp.mkdir(parents=True)
             yield tmp
             files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
             info = {"family": self.get_task_family(), "label": self.label(), "uid": self.uid,
                     "config": canonical(self.own_config()), "numerics": self.numerics(),
-                    "upstream": [t.uid for t in ups], "build": uuid.uuid4().hex,
+                    "upstream": [t.uid for t in self.upstream()], "build": uuid.uuid4().hex,
                     "upstream_builds": {t.uid: (t.record() or {}).get("build") for t in ups}, "files": files}
             (tmp / RECORD).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 

@@ -210,6 +210,8 @@ class DistillStudyReport(_StudentTask):
     Arms (a) and (c) are the experiment's own Evaluate tasks (without and with ``heal``), so a
     finished experiment's blocks are reused."""
 
+    # 2: the report takes its gap and gates from zgcore.report (commit 3d0ea91)
+    code_version = 2
     uses_device = False  # reads the arms' results only
     eval = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(visibility=HIDDEN)

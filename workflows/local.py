@@ -31,9 +31,11 @@ def load_local_config(config: str = "", overrides: str = "", preset: str = "loca
 
 def build_local_study(cfg: dict[str, Any], outputs: str = "outputs") -> LocalStudyReport:
     """The report task (and through it every configuration's pretraining and evaluation)."""
+    lrs = zlocal.study_lrs(cfg)
     return LocalStudyReport(tokenizer=cfg["tokenizer"], corpus=cfg["corpus"], cells=zlocal.expand_study(cfg),
                             eval=cfg["eval"], name=cfg["name"], outputs=outputs, device=cfg["device"],
-                            checkpoint_every=int(cfg["train"]["checkpoint_every"]))
+                            checkpoint_every=int(cfg["train"]["checkpoint_every"]), lrs=lrs,
+                            tune_fraction=float(cfg["study"]["tune_fraction"]) if lrs else 1.0)
 
 
 class LocalLearningStudy(ConfiguredWorkflow):
@@ -41,7 +43,8 @@ class LocalLearningStudy(ConfiguredWorkflow):
 
     Parameters:
         config: a TOML/YAML file of overrides (optional). set: ``"local.mtp_n=3 study.K=[1,2]"``.
-        preset: ``local_default`` (CPU, ~30 min), ``local_tiny`` (seconds), ``local_gpu_125m``, ``local_gpu_400m``.
+        preset: ``local_default`` (CPU, ~30 min), ``local_cpu_2tpp`` (CPU, 2 tokens per non-embedding
+            parameter with an lr sweep, ~65 min), ``local_tiny`` (seconds), ``local_gpu_125m``, ``local_gpu_400m``.
         outputs: root folder of run artifacts.
 
     Raises ``zgcore.config.ConfigError`` at construction, before any task runs, on bad input.

@@ -26,7 +26,8 @@ one backward over the sum of the block losses, then every optimizer steps) and `
 activation memory is measured, not computed: see :class:`zgcore.memory.SavedTensorMeter`.
 
 The package owns local learning and is split along its seams: :mod:`.config` (``LOCAL_DEFAULTS``,
-validation, study expansion, boundaries), :mod:`.model` (the model, its aux heads, the per-block
+validation, study expansion, the learning-rate sweep's runs, boundaries), :mod:`.data` (vocabulary
+``compact`` / ``full`` / ``top:N``, id remapping, the tuning split), :mod:`.model` (the model, its aux heads, the per-block
 forward, save/load), :mod:`.training` (data order, execution modes on the one training loop
 :class:`zgcore.loop.TrainLoop`, memory, evaluation) and :mod:`.report` (report, Markdown, plot).
 This module re-exports their public names. The library never imports Luigi; a bad configuration
@@ -37,17 +38,20 @@ from __future__ import annotations
 from ..loop import data_order, lr_at
 from ..memory import SavedTensorMeter
 from .config import (AUX_HEADS, EXECUTIONS, LOCAL_DEFAULTS, MTP_CHOICES, UNHASHED_TOP, VOCABS, boundaries, expand_study,
-                     mtp_boundaries_for, normalise_run, resolve_local, steps_for, validate_local, validate_model,
-                     validate_train)
+                     mtp_boundaries_for, normalise_run, resolve_local, steps_for, study_lrs, sweep_run, tune_budget,
+                     validate_local, validate_model, validate_sweep, validate_train)
+from .data import UNK, holdout_split, model_splits, parse_vocab, remap, top_ids, vocab_ids
 from .model import (AuxHead, LocalLM, ResidualMLP, TransformerTrunk, build_local, llama_config, load_local, mtp_targets,
-                    remap, save_local, shifted_ce, vocab_ids)
-from .report import plot_gap_vs_k, report_markdown, study_report
+                    save_local, shifted_ce)
+from .report import choose_lr, paper_findings, plot_gap_vs_k, report_markdown, study_report
 from .training import (STEPS, batch_indices, evaluate_local, measure_activation_memory, step_per_block, step_together,
                        train_local)
 
-__all__ = ["AUX_HEADS", "EXECUTIONS", "LOCAL_DEFAULTS", "MTP_CHOICES", "UNHASHED_TOP", "VOCABS", "AuxHead", "LocalLM",
-           "ResidualMLP", "STEPS", "SavedTensorMeter", "TransformerTrunk", "batch_indices", "boundaries", "build_local",
-           "data_order", "evaluate_local", "expand_study", "llama_config", "load_local", "lr_at",
-           "measure_activation_memory", "mtp_boundaries_for", "mtp_targets", "normalise_run", "plot_gap_vs_k", "remap",
-           "report_markdown", "resolve_local", "save_local", "shifted_ce", "step_per_block", "step_together",
-           "steps_for", "study_report", "train_local", "validate_local", "validate_model", "validate_train", "vocab_ids"]
+__all__ = ["AUX_HEADS", "EXECUTIONS", "LOCAL_DEFAULTS", "MTP_CHOICES", "UNHASHED_TOP", "UNK", "VOCABS", "AuxHead",
+           "LocalLM", "ResidualMLP", "STEPS", "SavedTensorMeter", "TransformerTrunk", "batch_indices", "boundaries",
+           "build_local", "choose_lr", "data_order", "evaluate_local", "expand_study", "holdout_split", "llama_config",
+           "load_local", "lr_at", "measure_activation_memory", "model_splits", "mtp_boundaries_for", "mtp_targets",
+           "normalise_run", "paper_findings", "parse_vocab", "plot_gap_vs_k", "remap", "report_markdown",
+           "resolve_local", "save_local", "shifted_ce", "step_per_block", "step_together", "steps_for", "study_lrs",
+           "study_report", "sweep_run", "top_ids", "train_local", "tune_budget", "validate_local", "validate_model",
+           "validate_sweep", "validate_train", "vocab_ids"]

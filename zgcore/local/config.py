@@ -14,10 +14,11 @@ from typing import Any, Mapping
 
 from ..config import (DEFAULTS as _MAIN_DEFAULTS, ConfigError, _check_keys, _positive_int, deep_merge, load_file,
                       parse_overrides, resolve_boundaries, validate_corpus)
+from .data import parse_vocab
 
 AUX_HEADS = ("mlp", "transformer")
 EXECUTIONS = ("together", "per_block")
-VOCABS = ("compact", "full")
+VOCABS = ("compact", "full", "top:N")
 MTP_CHOICES = ("off", "first", "all")
 
 LOCAL_DEFAULTS: dict[str, Any] = {
@@ -34,7 +35,8 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "n_kv_heads": 2,
         "rope_theta": 10000.0,
         # "compact": the model's vocabulary is the token ids present in the token store (train and val),
-        # renumbered in sorted order; "full": the tokenizer's whole vocabulary.
+        # renumbered in sorted order; "full": the tokenizer's whole vocabulary; "top:N": the N most
+        # frequent token ids of the training rows (ties: smaller id) plus one UNK id for all others.
         "vocab": "compact",
     },
     "train": {
@@ -57,7 +59,15 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "mtp_n": 2,  # predict the next n tokens (offsets 1..n) at an MTP boundary
         "mtp_weight": 0.3,
     },
-    "study": {"K": [1, 2, 4], "aux": ["mlp", "transformer"], "mtp": ["off", "first", "all"]},
+    "study": {
+        "K": [1, 2, 4], "aux": ["mlp", "transformer"], "mtp": ["off", "first", "all"],
+        # explicit configurations instead of the K x aux x mtp product: [{K = 1}, {K = 4, aux = "mlp", mtp = "first"}, ...]
+        "configs": [],
+        # learning-rate sweep: peak lrs tried for every configuration ([] = train.lr for all, no tuning split)
+        "lrs": [],
+        "tune_fraction": 1.0,  # tuning runs see this share of train.token_budget (1.0: the tuning run is the final run)
+        "tune_sequences": 64,  # training sequences held out (seeded) to pick each configuration's lr; never trained on
+    },
     "eval": {"batch_size": 16, "max_sequences": 0},
 }
 UNHASHED_TOP = {"name", "device"}
@@ -88,8 +98,7 @@ def validate_model(m: Mapping[str, Any]) -> None:
     if (m["hidden_size"] // m["n_heads"]) % 2:
         raise ConfigError("model.hidden_size / model.n_heads must be even (rotary embeddings rotate pairs)")
     _num("model.rope_theta", m["rope_theta"], positive=True)
-    if m["vocab"] not in VOCABS:
-        raise ConfigError(f"model.vocab must be one of {VOCABS}, got {m['vocab']!r}")
+    parse_vocab(m["vocab"])
 
 
 def validate_local(loc: Mapping[str, Any], n_layers: int) -> None:
@@ -151,6 +160,8 @@ def normalise_run(run: Mapping[str, Any]) -> dict[str, Any]:
     if not loc["mtp_boundaries"]:
         loc.update(mtp_n=1, mtp_weight=0.0)
     run["train"] = {k: v for k, v in run["train"].items() if k not in ("log_every", "checkpoint_every")}
+    if not run["train"].get("holdout_sequences"):  # no tuning split: the form (and hash) of a run without a sweep
+        run["train"].pop("holdout_sequences", None)
     return run
 
 
@@ -195,15 +206,84 @@ def resolve_local(file: str | os.PathLike | None = None, overrides: str | Mappin
     _int("eval.batch_size", cfg["eval"]["batch_size"])
     _int("eval.max_sequences", cfg["eval"]["max_sequences"], lo=0)
     validate_local(cfg["local"], cfg["model"]["n_layers"])
+    validate_sweep(cfg["study"], cfg["train"], int(cfg["corpus"]["seq_len"]))
     expand_study(cfg)  # validates every configuration of the sweep
     return cfg
 
 
+def validate_sweep(st: Mapping[str, Any], t: Mapping[str, Any], seq_len: int) -> None:
+    """Check the learning-rate sweep settings of ``study`` against the ``train`` section.
+
+    Raises:
+        ConfigError: ``study.lrs`` not a list, an lr that is empty, not a number or not positive,
+            a repeated lr; ``study.tune_fraction`` outside (0, 1] or a tuning budget below one
+            batch; ``study.tune_sequences`` not a positive integer.
+    """
+    lrs = st["lrs"]
+    if lrs is None or lrs == "":
+        return
+    if not isinstance(lrs, (list, tuple)):
+        raise ConfigError(f"study.lrs must be a list of peak learning rates, got {lrs!r}")
+    for lr in lrs:
+        if lr is None or lr == "":
+            raise ConfigError(f"study.lrs has an empty entry: {list(lrs)!r}")
+        _num("study.lrs entry", lr, positive=True)
+    if len({float(x) for x in lrs}) != len(lrs):
+        raise ConfigError(f"study.lrs repeats a learning rate: {list(lrs)!r}")
+    f = st["tune_fraction"]
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+        raise ConfigError(f"study.tune_fraction must be in (0, 1] (share of train.token_budget a tuning run sees), got {f!r}")
+    _int("study.tune_sequences", st["tune_sequences"])
+    if lrs and tune_budget(t, f, seq_len) < int(t["batch_size"]) * seq_len:
+        raise ConfigError(f"study.tune_fraction={f} gives a tuning budget below one batch "
+                          f"({int(t['batch_size'])} x {seq_len} tokens); raise it or train.token_budget")
+
+
+def tune_budget(t: Mapping[str, Any], fraction: float, seq_len: int) -> int:
+    """Tokens of a tuning run: ``fraction`` of ``train.token_budget``, floored to whole batches
+    (the full budget, unchanged, when ``fraction == 1``)."""
+    if float(fraction) >= 1:
+        return int(t["token_budget"])
+    per = int(t["batch_size"]) * int(seq_len)
+    return int(int(t["token_budget"]) * float(fraction)) // per * per
+
+
+def sweep_run(run: Mapping[str, Any], lr: float, fraction: float = 1.0, seq_len: int | None = None) -> dict[str, Any]:
+    """Configuration ``run`` (normalised, with its tuning split) at peak lr ``lr``; with
+    ``fraction < 1`` on the tuning budget :func:`tune_budget` (needs ``seq_len``). At
+    ``fraction == 1`` the tuning run and the final run are the same run (one task)."""
+    run = copy.deepcopy(dict(run))
+    run["train"] = {**run["train"], "lr": float(lr)}
+    if float(fraction) < 1:
+        run["train"]["token_budget"] = tune_budget(run["train"], fraction, int(seq_len))
+    return run
+
+
+def study_lrs(cfg: Mapping[str, Any]) -> list[float]:
+    """The sweep's learning rates, ascending (so a tie in tuning CE picks the smaller); [] = no sweep."""
+    return sorted(float(x) for x in (cfg["study"].get("lrs") or []))
+
+
+def _explicit_cells(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> list[tuple[int, str, Any]]:
+    out = []
+    for i, c in enumerate(cfg["study"]["configs"]):
+        if not isinstance(c, Mapping):
+            raise ConfigError(f"study.configs[{i}] must be a table such as {{K = 4, aux = \"mlp\", mtp = \"first\"}}, got {c!r}")
+        _check_keys(f"study.configs[{i}]", c, {"K": 0, "aux": 0, "mtp": 0})
+        if "K" not in c:
+            raise ConfigError(f"study.configs[{i}] needs K")
+        out.append((_int(f"study.configs[{i}].K", c["K"]), c.get("aux", base["local"]["aux"]), c.get("mtp", "off")))
+    return out
+
+
 def expand_study(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The study's configurations: every ``K x aux x mtp`` of ``cfg["study"]`` (K=1 once, as the
-    end-to-end baseline), each ``{"K", "aux", "mtp", "run"}`` where ``run`` is a normalised
-    configuration (see :func:`normalise_run`). Cells that compute the same thing (``first`` and
-    ``all`` at K=2) share one ``run``. An empty ``study.K`` means the single ``local`` configuration.
+    end-to-end baseline), or the list ``study.configs`` when given, each ``{"K", "aux", "mtp",
+    "run"}`` where ``run`` is a normalised configuration (see :func:`normalise_run`). Cells that
+    compute the same thing (``first`` and ``all`` at K=2) share one ``run``. An empty ``study.K``
+    (and no ``study.configs``) means the single ``local`` configuration. With a learning-rate
+    sweep (``study.lrs``) every run holds out ``study.tune_sequences`` training sequences
+    (``train.holdout_sequences``), the same in every configuration.
 
     Raises:
         ConfigError: an invalid configuration in the sweep, or a study without K=1 (no baseline).
@@ -211,25 +291,39 @@ def expand_study(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     st = cfg["study"]
     ks, auxs, mtps = list(st["K"] or []), list(st["aux"] or []), list(st["mtp"] or [])
     base = {"model": dict(cfg["model"]), "train": dict(cfg["train"]), "local": dict(cfg["local"])}
-    if not ks:
+    if study_lrs(cfg):
+        base["train"]["holdout_sequences"] = int(st["tune_sequences"])
+    explicit = st.get("configs") or []
+    if not ks and not explicit:
         validate_local(base["local"], cfg["model"]["n_layers"])
         run = normalise_run(base)
         return [{"K": run["local"]["K"], "aux": run["local"]["aux"], "mtp": "custom", "run": run}]
+    if explicit:
+        if not isinstance(explicit, (list, tuple)):
+            raise ConfigError(f"study.configs must be a list of tables {{K, aux, mtp}}, got {explicit!r}")
+        combos = _explicit_cells(cfg, base)
+        ks = [k for k, _, _ in combos]
+    else:
+        if not auxs or not mtps:
+            raise ConfigError("study.aux and study.mtp must each list at least one choice")
+        combos = []
+        for k in ks:
+            _int("study.K entry", k)
+            combos += [(int(k), aux, mtp) for aux in (["none"] if k == 1 else auxs) for mtp in (["off"] if k == 1 else mtps)]
     if 1 not in ks:
-        raise ConfigError(f"study.K={ks} must include 1: K=1 (end-to-end backprop) is the baseline every gap is measured against")
-    if not auxs or not mtps:
-        raise ConfigError("study.aux and study.mtp must each list at least one choice")
-    cells = []
-    for k in ks:
-        _int("study.K entry", k)
-        for aux in (["none"] if k == 1 else auxs):
-            for mtp in (["off"] if k == 1 else mtps):
-                loc = {**cfg["local"], "K": int(k), "aux": aux if k > 1 else cfg["local"]["aux"],
-                       "mtp_boundaries": mtp_boundaries_for(mtp, int(k))}
-                validate_local(loc, cfg["model"]["n_layers"])
-                label = "off" if mtp is False else mtp if isinstance(mtp, str) else str(list(mtp))
-                cells.append({"K": int(k), "aux": aux, "mtp": label,
-                              "run": normalise_run({**base, "local": loc})})
+        where = "study.configs must include a configuration with K=1" if explicit else f"study.K={ks} must include 1"
+        raise ConfigError(f"{where}: K=1 (end-to-end backprop) is the baseline every gap is measured against")
+    cells, seen = [], set()
+    for k, aux, mtp in combos:
+        aux = "none" if k == 1 else aux
+        loc = {**cfg["local"], "K": k, "aux": aux if k > 1 else cfg["local"]["aux"],
+               "mtp_boundaries": mtp_boundaries_for(mtp, k)}
+        validate_local(loc, cfg["model"]["n_layers"])
+        label = "off" if mtp is False or k == 1 else mtp if isinstance(mtp, str) else str(list(mtp))
+        if (k, aux, label) in seen:
+            raise ConfigError(f"study.configs lists K={k}, aux={aux}, mtp={label} twice")
+        seen.add((k, aux, label))
+        cells.append({"K": k, "aux": aux, "mtp": label, "run": normalise_run({**base, "local": loc})})
     return cells
 
 

@@ -21,27 +21,6 @@ from ..config import ConfigError
 from ..train import block_seed
 from .config import AUX_HEADS, boundaries, validate_local
 
-def vocab_ids(train: np.ndarray, val: np.ndarray, mode: str, tokenizer_vocab: int) -> np.ndarray:
-    """The tokenizer ids the model's vocabulary covers, sorted, int64 ``[V]``.
-
-    ``compact``: the ids occurring in the token store (train and val; a model over the full
-    vocabulary spends its capacity on the same ids, and on CPU the LM heads dominate the cost);
-    ``full``: ``0..tokenizer_vocab-1``.
-    """
-    if mode == "full":
-        return np.arange(max(int(tokenizer_vocab), int(max(train.max(), val.max())) + 1), dtype=np.int64)
-    return np.unique(np.concatenate([np.unique(train), np.unique(val)])).astype(np.int64)
-
-
-def remap(tokens: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Renumber tokenizer ids ``tokens`` (``[n, T]``) into model ids via the sorted ``ids`` (int64).
-    Raises ``ValueError`` if a token is not covered."""
-    out = np.searchsorted(ids, tokens)
-    if (out >= len(ids)).any() or (ids[np.minimum(out, len(ids) - 1)] != tokens).any():
-        raise ValueError("a token id is outside the model's vocabulary")
-    return out.astype(np.int64)
-
-
 # ----------------------------------------------------------------------------- model
 
 def llama_config(m: Mapping[str, Any], vocab_size: int, seq_len: int):

@@ -3,10 +3,72 @@ memory per execution mode), its Markdown (tables via :mod:`zgcore.markdown`) and
 """
 from __future__ import annotations
 
+import math
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..markdown import num, table
+
+NOT_MEASURED, REPRODUCED, NOT_REPRODUCED = "not measured", "reproduced", "not reproduced"
+
+
+def choose_lr(lrs: Sequence[float], tune_ce: Sequence[float]) -> float:
+    """The learning rate of lowest tuning CE (nats/token); a tie goes to the one listed first
+    (the sweep lists them ascending, so the smaller). A non-finite CE (a diverged run) never wins.
+
+    Raises:
+        ValueError: different lengths, no lr, or no finite CE at all.
+    """
+    if len(lrs) != len(tune_ce) or not lrs:
+        raise ValueError(f"choose_lr needs one tuning CE per lr, got {len(lrs)} lrs and {len(tune_ce)} CEs")
+    finite = [(ce, i) for i, ce in enumerate(tune_ce) if ce is not None and math.isfinite(ce)]
+    if not finite:
+        raise ValueError(f"no learning rate of {list(lrs)} gave a finite tuning CE")
+    return float(lrs[min(finite)[1]])
+
+
+def _find(rows: Sequence[Mapping[str, Any]], k: int, aux: str | None = None, mtp: Sequence[int] | None = None):
+    return [r for r in rows if r["K"] == k and (aux is None or r["aux"] == aux)
+            and (mtp is None or list(r["mtp_boundaries"]) == list(mtp))]
+
+
+def paper_findings(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The paper's three findings, judged on the study's rows (``K``, ``aux``,
+    ``mtp_boundaries``, ``held_out_ce`` and ``gap`` in nats/token; see :func:`study_report`).
+
+    * ``gap_grows_with_k``: for every aux head measured at K=2 and K=4 without MTP, the K=4 gap
+      to end-to-end is larger than the K=2 gap;
+    * ``transformer_beats_mlp``: at K=4 without MTP the Transformer aux head's CE is below the MLP's;
+    * ``mtp_first_best``: the lowest-CE K=4 configuration has MTP at boundary 1 only (needs that
+      configuration and at least one other at K=4).
+
+    Returns:
+        ``{name: {"status": "reproduced" | "not reproduced" | "not measured", "claim", "detail"}}``.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    pairs = [(_find(rows, 2, a, [])[0], _find(rows, 4, a, [])[0]) for a in sorted({r["aux"] for r in rows})
+             if _find(rows, 2, a, []) and _find(rows, 4, a, [])]
+    detail = "; ".join(f"{r2['aux']}: K=2 {r2['gap']:+.4f}, K=4 {r4['gap']:+.4f}" for r2, r4 in pairs)
+    out["gap_grows_with_k"] = {
+        "claim": "the gap to end-to-end grows from K=2 to K=4",
+        "status": NOT_MEASURED if not pairs else REPRODUCED if all(r4["gap"] > r2["gap"] for r2, r4 in pairs) else NOT_REPRODUCED,
+        "detail": detail or "needs the same aux head without MTP at K=2 and K=4"}
+    tr, ml = _find(rows, 4, "transformer", []), _find(rows, 4, "mlp", [])
+    out["transformer_beats_mlp"] = {
+        "claim": "at K=4 the Transformer aux head beats the MLP aux head",
+        "status": NOT_MEASURED if not (tr and ml) else REPRODUCED if tr[0]["held_out_ce"] < ml[0]["held_out_ce"] else NOT_REPRODUCED,
+        "detail": (f"CE transformer {tr[0]['held_out_ce']:.4f}, mlp {ml[0]['held_out_ce']:.4f}" if tr and ml
+                   else "needs K=4 with each aux head, MTP off")}
+    k4 = _find(rows, 4)
+    first = [r for r in k4 if list(r["mtp_boundaries"]) == [1]]
+    best = min(k4, key=lambda r: r["held_out_ce"]) if k4 else None
+    measured = bool(first) and len(k4) > 1
+    out["mtp_first_best"] = {
+        "claim": "MTP at the first boundary only is the best K=4 configuration",
+        "status": NOT_MEASURED if not measured else REPRODUCED if list(best["mtp_boundaries"]) == [1] else NOT_REPRODUCED,
+        "detail": (f"best K=4: {best['aux']}, MTP {best['mtp_label']} (CE {best['held_out_ce']:.4f}) of {len(k4)}"
+                   if measured else "needs K=4 with MTP at boundary 1 only and another K=4 configuration")}
+    return out
 
 def _mtp_label(cell: Mapping[str, Any]) -> str:
     b = cell["run"]["local"]["mtp_boundaries"]
@@ -15,11 +77,15 @@ def _mtp_label(cell: Mapping[str, Any]) -> str:
 
 def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[str, Any]],
                  results: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """Assemble the study report from its cells and each cell's ``{"train": metrics, "eval": eval}``.
+    """Assemble the study report from its cells and each cell's ``{"train": metrics, "eval": eval}``
+    (with a learning-rate sweep also ``"choice"``: the ``choice.json`` of its lr choice).
 
     Gap = held-out CE (nats/token) minus the K=1 end-to-end CE of the same study (same model,
-    seed and token budget). Memory: peak saved-activation bytes in both execution modes and their
-    ratio (together / per-block).
+    seed and token budget; with a sweep, each configuration at its own best lr). Memory: peak
+    saved-activation bytes in both execution modes and their ratio (together / per-block).
+    Tokens per parameter: training tokens per configuration over the model's non-embedding
+    parameters (all parameters less the input embedding and the untied LM head, ``2 x V x d``;
+    aux heads not counted). ``findings``: :func:`paper_findings`.
 
     Raises:
         RuntimeError: the configurations did not see the same tokens (budget matching broken) or no K=1 cell.
@@ -43,15 +109,25 @@ def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[st
                      "mem_together_cuda_bytes": mem["together"]["cuda_peak_bytes"],
                      "mem_per_block_cuda_bytes": mem["per_block"]["cuda_peak_bytes"],
                      "memory_ratio": r["train"]["memory_ratio"], "train_seconds": r["train"]["seconds"],
-                     "parameters": r["train"].get("parameters"), "dir": r.get("dir")})
+                     "parameters": r["train"].get("parameters"), "tokens": r["train"]["tokens"],
+                     "lr": c["run"]["train"]["lr"] if "choice" not in r else r["choice"]["best_lr"],
+                     "tune_ce": r["choice"]["tune_ce"] if "choice" in r else None, "dir": r.get("dir")})
     t0 = results[0]["train"]
     model = cells[0]["run"]["model"]
+    total, vocab = base[0]["train"].get("parameters"), t0.get("vocab_size")
+    non_emb = None if total is None or vocab is None else int(total) - 2 * int(vocab) * int(model["hidden_size"])
+    ch = [r["choice"] for r in results if "choice" in r]
+    sweep = None if not ch else {"lrs": ch[0]["lrs"], "tune_fraction": ch[0]["tune_fraction"],
+                                 "tune_tokens": ch[0]["tune_tokens"], "tune_sequences": ch[0]["tune_sequences"],
+                                 "tune_predicted_tokens": ch[0]["tune_predicted_tokens"]}
     return {"name": name, "tokenizer": tokenizer, "seq_len": int(seq_len), "model": model,
-            "vocab_size": t0.get("vocab_size"), "model_parameters": base[0]["train"].get("parameters"),
+            "vocab_size": vocab, "model_parameters": total,
             "token_budget": {"tokens": t0["tokens"], "steps": t0["steps"], "batch_size": cells[0]["run"]["train"]["batch_size"],
                              "tokens_sha256": t0["tokens_sha256"], "matched": True},
-            "val_tokens": results[0]["eval"]["val_tokens"], "e2e_ce": e2e, "rows": rows,
-            "max_memory_ratio": max(r["memory_ratio"] for r in rows)}
+            "tokens_per_parameter": {"non_embedding_parameters": non_emb, "tokens": t0["tokens"],
+                                     "ratio": None if not non_emb else t0["tokens"] / non_emb},
+            "sweep": sweep, "val_tokens": results[0]["eval"]["val_tokens"], "e2e_ce": e2e, "rows": rows,
+            "max_memory_ratio": max(r["memory_ratio"] for r in rows), "findings": paper_findings(rows)}
 
 
 def report_markdown(rep: Mapping[str, Any]) -> str:
@@ -60,7 +136,7 @@ def report_markdown(rep: Mapping[str, Any]) -> str:
     mib = lambda b: num(None if b is None else b / 2 ** 20, ".1f")
     tb = rep["token_budget"]
     m = rep["model"]
-    rows = [[r["K"], r["aux"], r["mtp_label"], num(r["held_out_ce"]), num(r["gap"], "+.4f"),
+    rows = [[r["K"], r["aux"], r["mtp_label"], f"{r['lr']:g}", num(r["held_out_ce"]), num(r["gap"], "+.4f"),
              " / ".join(num(c, ".3f") for c in r["boundary_ce"]), mib(r["mem_together_bytes"]),
              mib(r["mem_per_block_bytes"]), num(r["memory_ratio"], ".2f") + "x", num(r["train_seconds"], ".0f")]
             for r in rep["rows"]]
@@ -71,7 +147,7 @@ def report_markdown(rep: Mapping[str, Any]) -> str:
              f"**Token budget: {tb['tokens']:,} training tokens per configuration** ({tb['steps']} steps x "
              f"{tb['batch_size']} x {rep['seq_len']}); every configuration saw exactly the same token ids in the same "
              f"order (sha256 `{tb['tokens_sha256'][:16]}`). Held-out CE over {rep['val_tokens']:,} predicted tokens.", "",
-             table(["K", "aux head", "MTP (boundaries)", "held-out CE", "gap to E2E", "CE at boundaries 1..K",
+             table(["K", "aux head", "MTP (boundaries)", "lr", "held-out CE", "gap to E2E", "CE at boundaries 1..K",
                     "act. mem together (MiB)", "per-block (MiB)", "ratio", "train s"], rows),
              "", f"E2E (K=1) held-out CE: {num(rep['e2e_ce'])} nats/token. Gap = configuration CE minus E2E CE "
              "at the same token budget (positive = worse than end-to-end).", "",
@@ -79,7 +155,35 @@ def report_markdown(rep: Mapping[str, Any]) -> str:
              f"measured on the first training batch in both execution modes. Largest together/per-block ratio: "
              f"**{num(rep['max_memory_ratio'], '.2f')}x** (the paper reports up to 2.2x).", "",
              "![gap vs K](gap_vs_k.png)", ""]
-    return "\n".join(lines)
+    return "\n".join(lines[:4] + _tpp_lines(rep) + lines[4:] + _sweep_lines(rep) + _findings_lines(rep))
+
+
+def _tpp_lines(rep: Mapping[str, Any]) -> list[str]:
+    tpp = rep.get("tokens_per_parameter") or {}
+    return [f"**Tokens per parameter: {num(tpp.get('ratio'), '.2f')}** — {tpp.get('tokens', 0):,} training tokens per "
+            f"configuration over {num(tpp.get('non_embedding_parameters'), ',')} non-embedding parameters (all "
+            "parameters less the input embedding and the LM head; aux heads not counted).", ""]
+
+
+def _sweep_lines(rep: Mapping[str, Any]) -> list[str]:
+    sw = rep.get("sweep")
+    if not sw:
+        return []
+    lrs = sw["lrs"]
+    rows = [[r["K"], r["aux"], r["mtp_label"]] + [num(r["tune_ce"][i]) + (" **best**" if lr == r["lr"] else "")
+                                                 for i, lr in enumerate(lrs)] + [f"{r['lr']:g}"] for r in rep["rows"]]
+    return ["## Learning-rate sweep", "",
+            f"Every configuration trained at each peak lr on {sw['tune_tokens']:,} tokens (tune_fraction "
+            f"{sw['tune_fraction']:g}), scored on {sw['tune_sequences']} tuning sequences held out of the training "
+            f"split ({sw['tune_predicted_tokens']:,} predicted tokens; never trained on, never the test split). The "
+            "lowest tuning CE picks the lr the table above reports (trained on the full budget, scored on the test split).", "",
+            table(["K", "aux head", "MTP"] + [f"tuning CE @ {lr:g}" for lr in lrs] + ["chosen lr"], rows), ""]
+
+
+def _findings_lines(rep: Mapping[str, Any]) -> list[str]:
+    f = rep.get("findings") or {}
+    rows = [[v["claim"], f"**{v['status']}**", v["detail"]] for v in f.values()]
+    return ["## The paper's three findings", "", table(["finding", "here", "figures (held-out CE / gap, nats/token)"], rows), ""]
 
 
 def plot_gap_vs_k(rep: Mapping[str, Any], path: str | os.PathLike) -> None:

@@ -1,0 +1,212 @@
+"""Issue 14: a learning-rate sweep per local-learning configuration in the Luigi graph, the tuning
+split, a ``top:N`` vocabulary, tokens per parameter and the paper's three findings in the report."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from zgcore import local as zl
+from zgcore.config import ConfigError
+
+torch.set_num_threads(1)
+
+TINY_MODEL = {"n_layers": 4, "hidden_size": 32, "intermediate_size": 64, "n_heads": 4, "n_kv_heads": 2,
+              "rope_theta": 10000.0, "vocab": "compact"}
+SWEEP = "study.K=[1,2] study.aux=[mlp] study.mtp=[off] study.lrs=[1e-2,1e-3,3e-3] study.tune_sequences=6 model.vocab=top:40"
+
+
+def test_top_n_vocabulary_on_a_hand_made_example():
+    train = np.array([[5, 5, 3, 3, 9, 1], [7, 7, 7, 2, 2, 2]])
+    # counts: 2 and 7 three times, 3 and 5 twice, 1 and 9 once; ties go to the smaller id
+    assert zl.top_ids(train, 3).tolist() == [2, 7, 3]
+    assert zl.top_ids(train, 5).tolist() == [2, 7, 3, 5, 1]
+    ids = zl.vocab_ids(train, train[:0], "top:3", 100)
+    assert ids.tolist() == [2, 3, 7, zl.UNK]  # sorted, then UNK (model id 3)
+    assert zl.remap(np.array([[5, 2, 7, 3, 99]]), ids).tolist() == [[3, 0, 2, 1, 3]]
+    assert zl.vocab_ids(train, train[:0], "top:50", 100).tolist() == [1, 2, 3, 5, 7, 9, zl.UNK]  # fewer distinct ids
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):  # compact / full have no UNK
+        zl.remap(np.array([[4]]), np.array([1, 2, 3]))
+    # in a study: the model's vocabulary is N + 1 ids
+    cfg = zl.resolve_local(base={"model": {**TINY_MODEL, "vocab": "top:7"}})
+    assert zl.parse_vocab(cfg["model"]["vocab"]) == ("top", 7)
+
+
+@pytest.mark.parametrize("over, msg", [
+    ({"model": {"vocab": "top:1"}}, "top:N needs an integer N >= 2"),
+    ({"model": {"vocab": "top:ten"}}, "top:N needs an integer N >= 2"),
+    ({"model": {"vocab": "top20"}}, "model.vocab must be 'compact', 'full' or 'top:N'"),
+    ({"study": {"lrs": [1e-3, 0]}}, "study.lrs entry must be a positive number, got 0"),
+    ({"study": {"lrs": [-1e-3]}}, "study.lrs entry must be a positive number"),
+    ({"study": {"lrs": [1e-3, None]}}, "study.lrs has an empty entry"),
+    ({"study": {"lrs": [""]}}, "study.lrs has an empty entry"),
+    ({"study": {"lrs": "1e-3"}}, "study.lrs must be a list"),
+    ({"study": {"lrs": [1e-3, 1e-3]}}, "repeats a learning rate"),
+    ({"study": {"lrs": [1e-3], "tune_fraction": 0}}, r"study.tune_fraction must be in \(0, 1\]"),
+    ({"study": {"lrs": [1e-3], "tune_fraction": 1.5}}, r"study.tune_fraction must be in \(0, 1\]"),
+    ({"study": {"lrs": [1e-3], "tune_fraction": 0.001}}, "tuning budget below one batch"),
+    ({"study": {"lrs": [1e-3], "tune_sequences": 0}}, "study.tune_sequences"),
+    ({"study": {"configs": [{"K": 2}]}}, "must include a configuration with K=1"),
+    ({"study": {"configs": [{"K": 1}, {"K": 2, "head": "mlp"}]}}, r"unknown key\(s\) in study.configs\[1\]: head"),
+    ({"study": {"configs": [{"K": 1}, {"K": 8}]}}, "local.K=8 exceeds"),
+    ({"study": {"configs": [{"K": 1}, {"K": 2}, {"K": 2, "aux": "mlp"}]}}, "twice"),
+])
+def test_bad_sweep_vocab_and_config_lists_fail_at_construction(over, msg):
+    base = {"model": dict(TINY_MODEL)}
+    with pytest.raises(ConfigError, match=msg):
+        zl.resolve_local(base=base, overrides=over)
+
+
+def test_workflow_rejects_a_bad_sweep_before_any_task():
+    from workflows import LocalLearningStudy
+
+    with pytest.raises(ConfigError, match="study.lrs entry must be a positive number"):
+        LocalLearningStudy(preset="local_tiny", set="study.lrs=[1e-3,-1]")
+    with pytest.raises(ConfigError, match="tune_fraction"):
+        LocalLearningStudy(preset="local_tiny", set="study.lrs=[1e-3] study.tune_fraction=2")
+
+
+def test_explicit_configs_and_the_cpu_2tpp_preset():
+    from workflows.cli import walk
+    from workflows.local import build_local_study, load_local_config
+
+    cfg = load_local_config(preset="local_cpu_2tpp")
+    cells = zl.expand_study(cfg)
+    assert [(c["K"], c["aux"], c["mtp"], list(c["run"]["local"]["mtp_boundaries"])) for c in cells] == [
+        (1, "none", "off", []), (2, "mlp", "off", []), (4, "mlp", "off", []), (4, "transformer", "off", []),
+        (4, "transformer", "first", [1]), (4, "transformer", "all", [1, 2, 3])]
+    assert all(c["run"]["train"]["holdout_sequences"] == 256 for c in cells)
+    fams = [t.get_task_family() for t in walk(build_local_study(cfg, "/nonexistent"))]
+    assert fams.count("ChooseLocalLR") == 6 and fams.count("PretrainLocal") == 6 * 3  # finals come dynamically
+    # >= 2 tokens per non-embedding parameter: all parameters less embedding and LM head (V x d each)
+    lm = zl.build_local(cells[0]["run"], 2049, 128)
+    non_emb = sum(p.numel() for n, p in lm.model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
+    assert cfg["train"]["token_budget"] / non_emb >= 2
+    # without a sweep nothing changes: no tuning split in any run (same hashes as before issue 14)
+    plain = zl.expand_study(zl.resolve_local(base={"model": dict(TINY_MODEL)}))
+    assert all("holdout_sequences" not in c["run"]["train"] for c in plain)
+
+
+def test_tuning_split_is_disjoint_from_training_and_test_and_the_same_for_every_configuration():
+    rng = np.random.default_rng(0)
+    train = np.concatenate([np.arange(40)[:, None], rng.integers(100, 120, (40, 7))], axis=1)  # row i starts with i
+    val = np.concatenate([np.arange(50, 55)[:, None], rng.integers(100, 120, (5, 7))], axis=1)
+    runs = [zl.normalise_run({"model": dict(TINY_MODEL, vocab=v), "train": {**zl.LOCAL_DEFAULTS["train"], "holdout_sequences": 6},
+                              "local": {**zl.LOCAL_DEFAULTS["local"], "K": k}}) for k, v in ((1, "full"), (2, "compact"))]
+    firsts = []
+    for run in runs:
+        sp = zl.model_splits(train, val, run, 200)
+        inv = lambda rows: set(sp["ids"][rows[:, 0]].tolist())  # model id -> tokenizer id of each row's first token
+        tr, tu, va = inv(sp["train"]), inv(sp["tune"]), inv(sp["val"])
+        assert len(tu) == 6 and len(tr) == 34 and not tu & tr and not tu & va and tr | tu == set(range(40))
+        firsts.append((tr, tu))
+    assert firsts[0] == firsts[1]  # identical in every configuration
+    # top:N is counted on the rows trained on: the tuning rows' own first ids (seen nowhere else) are UNK
+    top = zl.model_splits(train, val, {**runs[0], "model": dict(TINY_MODEL, vocab="top:60")}, 200)
+    unk = len(top["ids"]) - 1
+    assert (top["tune"][:, 0] == unk).all() and (top["train"][:, 0] != unk).all()
+    assert set(top["ids"][top["train"][:, 0]].tolist()) == firsts[0][0]
+    tr_idx, tu_idx = zl.holdout_split(40, 6, 0)
+    assert np.array_equal(np.sort(np.concatenate([tr_idx, tu_idx])), np.arange(40))
+    assert not np.array_equal(tu_idx, zl.holdout_split(40, 6, 1)[1])  # seeded (train.data_seed)
+    with pytest.raises(ConfigError, match="leaves no training sequence"):
+        zl.holdout_split(6, 6, 0)
+
+
+def _row(k, aux, mtp, ce, e2e=5.0):
+    return {"K": k, "aux": aux, "mtp_boundaries": mtp, "mtp_label": "first" if mtp == [1] else "all" if mtp else "off",
+            "held_out_ce": ce, "gap": ce - e2e}
+
+
+def test_paper_findings_on_hand_made_figures():
+    base = [_row(1, "none", [], 5.0)]
+    paper = base + [_row(2, "mlp", [], 5.1), _row(4, "mlp", [], 5.3), _row(4, "transformer", [], 5.2),
+                    _row(4, "transformer", [1], 5.15), _row(4, "transformer", [1, 2, 3], 5.25)]
+    f = zl.paper_findings(paper)
+    assert {k: v["status"] for k, v in f.items()} == {
+        "gap_grows_with_k": "reproduced", "transformer_beats_mlp": "reproduced", "mtp_first_best": "reproduced"}
+    assert "K=2 +0.1000, K=4 +0.3000" in f["gap_grows_with_k"]["detail"]
+    opposite = base + [_row(2, "mlp", [], 5.3), _row(4, "mlp", [], 5.1), _row(4, "transformer", [], 5.2),
+                       _row(4, "transformer", [1], 5.25), _row(4, "transformer", [1, 2, 3], 5.22)]
+    f = zl.paper_findings(opposite)
+    assert {v["status"] for v in f.values()} == {"not reproduced"}
+    assert "best K=4: mlp, MTP off (CE 5.1000)" in f["mtp_first_best"]["detail"]
+    f = zl.paper_findings(base + [_row(2, "mlp", [], 5.1), _row(4, "transformer", [1], 5.2)])
+    assert {v["status"] for v in f.values()} == {"not measured"}
+
+
+def test_choose_lr_is_the_argmin_ties_to_the_first_and_skips_diverged_runs():
+    assert zl.choose_lr([1e-3, 3e-3, 1e-2], [4.0, 3.5, 3.9]) == 3e-3
+    assert zl.choose_lr([1e-3, 3e-3], [3.5, 3.5]) == 1e-3
+    assert zl.choose_lr([1e-3, 3e-3, 1e-2], [4.0, float("nan"), float("inf")]) == 1e-3
+    with pytest.raises(ValueError, match="no learning rate"):
+        zl.choose_lr([1e-3], [float("nan")])
+
+
+def _tasks(out, over):
+    from workflows.cli import walk
+    from workflows.local import build_local_study, load_local_config
+
+    report = build_local_study(load_local_config(overrides=over, preset="local_tiny"), str(out))
+    return report, walk(report)
+
+
+def test_sweep_graph_tunes_each_configuration_and_reports_at_its_best_lr(tmp_path, run_graph):
+    from workflows import LocalLearningStudy
+
+    over = SWEEP + " study.tune_fraction=0.5"
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
+    assert ok
+    fams = [f for f, _ in ran]
+    # 2 configurations x 3 lrs tuning runs (half budget) + 2 final runs; one choice per configuration
+    assert fams.count("PretrainLocal") == 2 * 3 + 2 and fams.count("EvaluateLocal") == 2 * 3 + 2
+    # the report starts, stops at its dynamic dependencies (the final runs) and starts again once they are done
+    assert fams.count("ChooseLocalLR") == 2 and fams.count("LocalStudyReport") == 2
+    report, tasks = _tasks(tmp_path, over)
+    rep = json.loads((report.out_dir / "report.json").read_text())
+    choices = [t for t in tasks if t.get_task_family() == "ChooseLocalLR"]
+    for ch, row in zip(choices, rep["rows"]):
+        got = json.loads((ch.out_dir / "choice.json").read_text())
+        evs = [json.loads((e.out_dir / "eval.json").read_text()) for e in ch.requires()]
+        assert [e["split"] for e in evs] == ["tune"] * 3 and all(e["val_sequences"] == 6 for e in evs)
+        lrs = [float(e.setup["train"]["lr"]) for e in ch.requires()]
+        ces = [e["held_out_ce"] for e in evs]
+        assert lrs == [1e-3, 3e-3, 1e-2] == got["lrs"] and got["tune_ce"] == ces
+        assert got["best_lr"] == lrs[int(np.argmin(ces))] == row["lr"] and row["tune_ce"] == ces
+        assert all(e.requires()["model"].setup["train"]["token_budget"] == 512 for e in ch.requires())
+    # every run saw the same token stream: the final runs (checked by the report) and the tuning runs
+    tune_shas = {json.loads((e.requires()["model"].out_dir / "metrics.json").read_text())["tokens_sha256"]
+                 for ch in choices for e in ch.requires()}
+    assert len(tune_shas) == 1 and rep["token_budget"]["matched"] and rep["token_budget"]["tokens"] == 1024
+    finals = report.dynamic_upstream()
+    assert [json.loads((t.out_dir / "eval.json").read_text())["held_out_ce"] for t in finals[:2]] == \
+        [r["held_out_ce"] for r in rep["rows"]]
+    assert [float(t.setup["train"]["lr"]) for t in finals[:2]] == [r["lr"] for r in rep["rows"]]
+    # tokens per non-embedding parameter
+    tpp = rep["tokens_per_parameter"]
+    lm = zl.build_local(zl.expand_study(zl.resolve_local(base={"model": {**TINY_MODEL, "vocab": "top:40"}}))[0]["run"],
+                        rep["vocab_size"], 32)
+    non_emb = sum(p.numel() for n, p in lm.model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
+    assert rep["vocab_size"] == 41 and tpp["non_embedding_parameters"] == non_emb and tpp["ratio"] == 1024 / non_emb
+    md = (report.out_dir / "report.md").read_text()
+    assert "## Learning-rate sweep" in md and "## The paper's three findings" in md and "Tokens per parameter" in md
+    # the final runs are inputs like the static ones: a damaged final evaluation rebuilds it and the report only
+    next(f for f in sorted(finals[1].out_dir.iterdir()) if f.name != "task.json").unlink()
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
+    assert ok and sorted({f for f, _ in ran if f != "LocalLearningStudy"}) == ["EvaluateLocal", "LocalStudyReport"]
+    assert [f for f, _ in ran].count("EvaluateLocal") == 1
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
+    assert ok and [f for f, _ in ran if f != "LocalLearningStudy"] == []
+
+
+def test_sweep_at_the_full_budget_reuses_the_tuning_runs(tmp_path, run_graph):
+    from workflows import LocalLearningStudy
+
+    over = "study.K=[1,2] study.aux=[mlp] study.mtp=[off] study.lrs=[1e-3,1e-2] study.tune_sequences=6"
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
+    fams = [f for f, _ in ran]
+    assert ok and fams.count("PretrainLocal") == 2 * 2  # the chosen tuning run is the final run
+    assert fams.count("EvaluateLocal") == 2 * 2 + 2  # tuning split per lr, test split per configuration
+    report, _ = _tasks(tmp_path, over)
+    rep = json.loads((report.out_dir / "report.json").read_text())
+    assert rep["sweep"]["tune_fraction"] == 1.0 and rep["token_budget"]["tokens"] == 1024
