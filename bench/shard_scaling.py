@@ -1,7 +1,8 @@
 """Build scaling of the sharded teacher cache on luigid (issue 10, item 3).
 
 A randomly initialised Llama teacher built from a config (no download) and the default corpus
-cut into 128-token sequences give a cache of 8 training shards (plus one validation shard). The
+cut into 128-token sequences give a cache of 8 shards: 7 training shards of 192 sequences and one
+validation shard (an even count of about equal shards, so two workers can split it evenly). The
 corpus is tokenised first, so every worker sees the shards as static requirements. Then the
 ``TeacherBoundary`` task (its shards and the join) is built against one luigid by one worker
 process, and again — from scratch, same outputs otherwise — by two worker processes started
@@ -10,7 +11,7 @@ one exiting (process start-up included). Also measured, single-threaded in this 
 same sequences: the cache build (``build_store``) ÷ the same teacher forwards with nothing
 captured or written (figure 1's interleaved method).
 
-    python bench/shard_scaling.py [--hidden 512] [--layers 8] [--shards 8] [--shard-sequences 32]
+    python bench/shard_scaling.py [--hidden 512] [--layers 8] [--shards 7] [--shard-sequences 192]
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ if str(REPO) not in sys.path:
 
 
 def experiment(teacher: Path, a) -> str:
-    n = round(a.shards * a.shard_sequences / 0.9) + 1  # train sequences = shards x shard_sequences
+    want = a.shards * a.shard_sequences  # train sequences = shards x shard_sequences exactly (10% held out)
+    n = next(n for n in range(want, 2 * want + 10) if n - max(1, round(n * 0.1)) == want)
     return (f"teacher={teacher} corpus.seq_len={a.seq_len} corpus.max_tokens={n * a.seq_len} "
             f"boundary.num_blocks=2 boundary.shard_sequences={a.shard_sequences}")
 
@@ -64,8 +66,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--shards", type=int, default=8)
-    p.add_argument("--shard-sequences", type=int, default=32)
+    p.add_argument("--shards", type=int, default=7)  # 7 training shards + 1 validation shard = 8
+    p.add_argument("--shard-sequences", type=int, default=192)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--workdir", default=None)
     a = p.parse_args(argv)
