@@ -77,7 +77,8 @@ def test_explicit_configs_and_the_cpu_2tpp_preset():
         (4, "transformer", "first", [1]), (4, "transformer", "all", [1, 2, 3])]
     assert all(c["run"]["train"]["holdout_sequences"] == 256 for c in cells)
     fams = [t.get_task_family() for t in walk(build_local_study(cfg, "/nonexistent"))]
-    assert fams.count("ChooseLocalLR") == 6 and fams.count("PretrainLocal") == 6 * 3  # finals come dynamically
+    n_lrs = len(cfg["study"]["lrs"])  # 4: 1e-3 .. 3e-2
+    assert n_lrs == 4 and fams.count("ChooseLocalLR") == 6 and fams.count("PretrainLocal") == 6 * n_lrs  # finals: dynamic
     # >= 2 tokens per non-embedding parameter: all parameters less embedding and LM head (V x d each)
     lm = zl.build_local(cells[0]["run"], 2049, 128)
     non_emb = sum(p.numel() for n, p in lm.model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
