@@ -135,7 +135,7 @@ class DistillE2E(_DistillTask):
 
         n_train = int(corpus.read_meta(self.corpus_task().out_dir / "tokens.h5")["n_train"])
         bounds = resolve_boundaries(self.boundary, len(zdistill_layers(teacher)))
-        imp = importance_task(self)
+        imp = self.requires().get("importance")
         measured = json.loads((imp.out_dir / "importance.json").read_text()) if imp is not None else None
         student, pairs, passes = zdistill.initial_student(teacher, bounds, self.blocks, n_train, measured)
         layers = sum(n for _, _, n in passes)
@@ -152,13 +152,10 @@ def importance_task(task):
     ``LayerImportance`` task the TrainBlocks read), or ``None`` when no block uses them."""
     from zgcore import students
 
-    from .students import LayerImportance
+    from .students import layer_importance
 
     need = [t for t in task.blocks if students.needs_measure(t)]
-    if not need:
-        return None
-    return LayerImportance(teacher=task.teacher, corpus=task.corpus, outputs=task.outputs, device=task.device,
-                           sequences=int(need[0]["importance_sequences"]))
+    return layer_importance(task, need[0]) if need else None
 
 
 def zdistill_layers(model):

@@ -301,10 +301,9 @@ class TrainBlock(Resumable, _TeacherTask):
 
     def importance_task(self):
         """The teacher's layer and channel measurements (keep="importance", intermediate_size)."""
-        from .students import LayerImportance
+        from .students import layer_importance
 
-        return LayerImportance(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs, device=self.device,
-                               sequences=int(self.train["importance_sequences"]))
+        return layer_importance(self, self.train)
 
     def own_config(self):
         t = ztrain.effective_train(canonical(self.train))  # only what can change the result is hashed

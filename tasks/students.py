@@ -38,3 +38,10 @@ class LayerImportance(_TeacherTask):
         with self.building() as tmp:
             write_json(tmp / "importance.json", {**m, "sequences": len(tokens), "ranking": ranking})
         self.log("block influence by layer: " + " ".join(f"{i}:{v:.3f}" for i, v in enumerate(m["influence"])))
+
+
+def layer_importance(task, train) -> LayerImportance:
+    """The ``LayerImportance`` task that ``task`` (one with teacher, corpus, outputs and device
+    parameters) reads for a block of train settings ``train`` (its ``importance_sequences``)."""
+    return LayerImportance(teacher=task.teacher, corpus=task.corpus, outputs=task.outputs, device=task.device,
+                           sequences=int(train["importance_sequences"]))

@@ -7,6 +7,7 @@ import luigi
 
 from tasks.distill import DistillStudyReport
 from zgcore import config as zconfig
+from zgcore.distill_config import check_one_width
 
 from .experiment import block_settings, load_config
 from . import RunExperiment
@@ -33,10 +34,7 @@ class DistillStudy(RunExperiment):
         cfg = load_config(self.config, self.set, self.preset)
         if not int(cfg["heal"]["steps"]):
             raise zconfig.ConfigError("DistillStudy needs heal.steps > 0 for its healed arm (c), e.g. --set heal.steps=50")
-        widths = {t.get("intermediate_size") for t in block_settings(cfg)}
-        if len(widths) > 1:
-            raise zconfig.ConfigError("DistillStudy's end-to-end arm trains one student with one MLP width: set one "
-                                      f"train.intermediate_size for every block (got {sorted(map(str, widths))})")
+        check_one_width(block_settings(cfg))
         return cfg
 
     def requires(self):

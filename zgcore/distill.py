@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from .distill_config import DISTILL_DEFAULTS, HEAL_DEFAULTS, validate_distill  # noqa: F401 (re-exported)
+from .distill_config import DISTILL_DEFAULTS, HEAL_DEFAULTS, check_one_width, validate_distill  # noqa: F401 (re-exported)
 from .device import autocast
 from .loop import TrainLoop, data_order, loss_metrics
 from .memory import PeakRSS  # noqa: F401 (re-exported)
@@ -71,8 +71,7 @@ def initial_student(teacher: torch.nn.Module, bounds: Sequence[int], blocks: Seq
             keeps layers by importance or narrows its MLP (:func:`zgcore.students.needs_measure`).
 
     Raises:
-        ValueError: blocks of different MLP widths (the assembled student would carry zero-padded
-            channels that end-to-end training would grow, so it would not be the same student).
+        zgcore.config.ConfigError: blocks of different MLP widths (:func:`check_one_width`).
 
     Returns:
         ``(student, pairs, passes)``: the assembled float32 student; the interior boundaries as
@@ -82,10 +81,7 @@ def initial_student(teacher: torch.nn.Module, bounds: Sequence[int], blocks: Seq
     from .config import kept_layers
     from .train import block_seed, total_steps
 
-    widths = {t.get("intermediate_size") for t in blocks}
-    if len(widths) > 1:
-        raise ValueError(f"end-to-end distillation needs one MLP width for every block, got train.intermediate_size "
-                         f"{sorted(map(str, widths))}: set one train.intermediate_size for all blocks")
+    check_one_width(blocks)
     measured = measured or {}
     built, pairs, passes, offset = [], [], [], 0
     for i, t in enumerate(blocks):

@@ -29,13 +29,11 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
         v = h[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
             raise ConfigError(f"{where}.{k} must be a finite number > 0, got {v!r}")
-    v = h["hidden_weight"]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
-        raise ConfigError(f"{where}.hidden_weight must be a finite number >= 0 (0 = logits only), got {v!r}")
-    for k in ("grad_clip", "weight_decay"):
+    notes = {"hidden_weight": " (0 = logits only)", "grad_clip": " (0 = no clipping)", "weight_decay": ""}
+    for k, note in notes.items():
         v = h[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
-            raise ConfigError(f"{where}.{k} must be a finite number >= 0 (grad_clip 0 = no clipping), got {v!r}")
+            raise ConfigError(f"{where}.{k} must be a finite number >= 0{note}, got {v!r}")
     for k in ("batch_size", "checkpoint_every"):
         _positive_int(f"{where}.{k}", h[k])
     for k in ("warmup_steps", "seed"):
@@ -47,3 +45,15 @@ DISTILL_DEFAULTS: dict[str, Any] = {
     "steps": 0,  # 0 = matched: as many student layer-token passes as the blockwise arm (zgcore.distill.e2e_steps)
     "lr": 3e-4,
 }
+
+
+def check_one_width(blocks) -> None:
+    """End-to-end distillation trains one whole student, and Hugging Face configs have one
+    ``intermediate_size``: blocks of different MLP widths would leave zero-padded channels that
+    training would grow, so it would not be the blockwise arm's student. Raises :class:`ConfigError`."""
+    from .config import ConfigError
+
+    widths = {t.get("intermediate_size") for t in blocks}
+    if len(widths) > 1:
+        raise ConfigError("the end-to-end arm trains one student with one MLP width: set one "
+                          f"train.intermediate_size for every block (got {sorted(map(str, widths))})")
