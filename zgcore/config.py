@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from .checks import ConfigError, positive_int as _positive_int  # noqa: F401 (re-exported; validators below use the short name)
 from .defaults import DEFAULTS, DTYPES, INITS, KEEP_POLICIES, LOSS_NORMS, TARGETS, UNHASHED_TOP  # noqa: F401 (re-exported)
 from .distill_config import validate_distill
 
@@ -37,10 +38,6 @@ _Loader.add_implicit_resolver(
 
 def _yaml(text: str):
     return yaml.load(text, Loader=_Loader)
-
-
-class ConfigError(ValueError):
-    """An experiment configuration that cannot run; the message says what to fix."""
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -150,11 +147,6 @@ def resolve(file: str | os.PathLike | None = None, overrides: str | Mapping | No
             _positive_int("seeds[]", s, zero_ok=True)
     _validate_static(cfg)
     return cfg
-
-
-def _positive_int(where: str, v: Any, zero_ok: bool = False) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < (0 if zero_ok else 1):
-        raise ConfigError(f"{where} must be a {'non-negative' if zero_ok else 'positive'} integer, got {v!r}")
 
 
 def _number(where: str, v: Any) -> float:

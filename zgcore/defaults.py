@@ -8,7 +8,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from .distill_config import DISTILL_DEFAULTS, HEAL_DEFAULTS
+# the heal section (end-to-end logit KD of the assembled student; zgcore.distill, tasks Heal)
+HEAL_DEFAULTS: dict[str, Any] = {
+    "steps": 0,  # 0 = no healing stage (no task, no hash change)
+    "lr": 1e-4,  # AdamW peak
+    "batch_size": 4,  # sequences per step
+    "temperature": 1.0,  # softmax temperature of the logit KD (> 0)
+    "hidden_weight": 0.0,  # weight of the hidden-state term at the interior boundaries (0 = logits only)
+    "warmup_steps": 0,
+    "weight_decay": 0.0,
+    "grad_clip": 1.0,
+    "seed": 0,
+    "checkpoint_every": 25,  # not hashed
+}
+
+# the distill section (DistillStudy's end-to-end arm): the heal settings with these changes
+DISTILL_DEFAULTS: dict[str, Any] = {
+    **HEAL_DEFAULTS,
+    "steps": 0,  # 0 = matched: as many student layer-token passes as the blockwise arm (zgcore.distill.e2e_steps)
+    "lr": 3e-4,
+}
 
 DEFAULTS: dict[str, Any] = {
     "name": "default",

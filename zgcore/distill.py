@@ -20,8 +20,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from .distill_config import DISTILL_DEFAULTS, HEAL_DEFAULTS, check_one_width, validate_distill  # noqa: F401 (re-exported)
+from .defaults import DISTILL_DEFAULTS, HEAL_DEFAULTS  # noqa: F401 (re-exported)
 from .device import autocast
+from .distill_config import check_one_width, validate_distill  # noqa: F401 (re-exported)
 from .loop import TrainLoop, data_order, loss_metrics
 from .memory import PeakRSS  # noqa: F401 (re-exported)
 from .objectives import regression_loss

@@ -1,30 +1,18 @@
 """Settings of end-to-end distillation (the ``heal`` section of an experiment, and the distillation
-study's end-to-end arm): defaults and validation. Kept free of torch so that :mod:`zgcore.config`
-can import it; the training itself is :mod:`zgcore.distill`."""
+study's end-to-end arm): validation. Their defaults are data in :mod:`zgcore.defaults`
+(``HEAL_DEFAULTS``, ``DISTILL_DEFAULTS``). Kept free of torch so that :mod:`zgcore.config` can
+import it; the training itself is :mod:`zgcore.distill`."""
 from __future__ import annotations
 
 import math
 from typing import Any, Mapping
 
-HEAL_DEFAULTS: dict[str, Any] = {
-    "steps": 0,  # 0 = no healing stage (no task, no hash change)
-    "lr": 1e-4,  # AdamW peak
-    "batch_size": 4,  # sequences per step
-    "temperature": 1.0,  # softmax temperature of the logit KD (> 0)
-    "hidden_weight": 0.0,  # weight of the hidden-state term at the interior boundaries (0 = logits only)
-    "warmup_steps": 0,
-    "weight_decay": 0.0,
-    "grad_clip": 1.0,
-    "seed": 0,
-    "checkpoint_every": 25,  # not hashed
-}
+from .checks import ConfigError, positive_int
 
 
 def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
     """Check a distillation section (``heal`` or ``distill``). Raises :class:`ConfigError`."""
-    from .config import ConfigError, _positive_int  # local: zgcore.config imports this module
-
-    _positive_int(f"{where}.steps", h["steps"], zero_ok=True)
+    positive_int(f"{where}.steps", h["steps"], zero_ok=True)
     for k in ("lr", "temperature"):
         v = h[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
@@ -35,24 +23,15 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
             raise ConfigError(f"{where}.{k} must be a finite number >= 0{note}, got {v!r}")
     for k in ("batch_size", "checkpoint_every"):
-        _positive_int(f"{where}.{k}", h[k])
+        positive_int(f"{where}.{k}", h[k])
     for k in ("warmup_steps", "seed"):
-        _positive_int(f"{where}.{k}", h[k], zero_ok=True)
-
-
-DISTILL_DEFAULTS: dict[str, Any] = {
-    **HEAL_DEFAULTS,
-    "steps": 0,  # 0 = matched: as many student layer-token passes as the blockwise arm (zgcore.distill.e2e_steps)
-    "lr": 3e-4,
-}
+        positive_int(f"{where}.{k}", h[k], zero_ok=True)
 
 
 def check_one_width(blocks) -> None:
     """End-to-end distillation trains one whole student, and Hugging Face configs have one
     ``intermediate_size``: blocks of different MLP widths would leave zero-padded channels that
     training would grow, so it would not be the blockwise arm's student. Raises :class:`ConfigError`."""
-    from .config import ConfigError
-
     widths = {t.get("intermediate_size") for t in blocks}
     if len(widths) > 1:
         raise ConfigError("the end-to-end arm trains one student with one MLP width: set one "

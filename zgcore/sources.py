@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from .config import ConfigError
+from .checks import ConfigError
 
 BUILTIN = ("pydoc", "python-stdlib")
 _GLOB_CHARS = set("*?[")

@@ -12,8 +12,9 @@ import math
 import os
 from typing import Any, Mapping
 
-from ..config import (DEFAULTS as _MAIN_DEFAULTS, ConfigError, _check_keys, _positive_int, deep_merge, load_file,
-                      parse_overrides, resolve_boundaries, validate_corpus)
+from ..checks import positive_int
+from ..config import (DEFAULTS as _MAIN_DEFAULTS, ConfigError, _check_keys, deep_merge, load_file, parse_overrides,
+                      resolve_boundaries, validate_corpus)
 from .data import parse_vocab
 
 AUX_HEADS = ("mlp", "transformer")
@@ -76,7 +77,7 @@ UNHASHED_TOP = {"name", "device"}
 # ----------------------------------------------------------------------------- configuration
 
 def _int(where: str, v: Any, lo: int = 1) -> int:
-    _positive_int(where, v, zero_ok=lo == 0)
+    positive_int(where, v, zero_ok=lo == 0)
     return int(v)
 
 
