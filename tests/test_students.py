@@ -11,7 +11,8 @@ from workflows import RunExperiment
 from workflows.experiment import build_experiment, load_config
 from zgcore.adapters import assemble, build_block, capture_boundaries
 from zgcore.config import ConfigError
-from zgcore.students import measure, mlp_width, top_channels
+from zgcore.channels import mlp_width, top_channels
+from zgcore.students import measure
 from zgcore.teacher import load, materialise
 
 

@@ -11,6 +11,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from .channels import mlp_width, pad_layer, prune_layer, top_channels
 from .families import ADAPTERS, FamilyAdapter, adapter_for, attn_implementation  # noqa: F401 (re-exported)
 
 
@@ -33,8 +34,6 @@ class StudentBlock(nn.Module):
     def __init__(self, teacher_config, layer_indices: Sequence[int], intermediate_size: int | None = None):
         super().__init__()
         from transformers import AutoModel
-
-        from .students import mlp_width
 
         self.adapter = adapter_for(teacher_config)
         cfg = self.adapter.sub_config(teacher_config, layer_indices, headless=True)
@@ -96,8 +95,6 @@ def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
         KeyError: a source lacks a layer's weight.
         ValueError: a narrower teacher-initialised block without ``channels``.
     """
-    from .students import mlp_width, prune_layer, top_channels
-
     torch.manual_seed(seed)
     block = StudentBlock(teacher.config, layer_indices, intermediate_size)
     if init == "teacher":
@@ -201,14 +198,12 @@ def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
     causal LM of the teacher's family (a fresh module; the teacher is not modified).
 
     Blocks of different MLP widths: the config carries the widest, and narrower blocks' layers
-    get zero channels appended (:func:`zgcore.students.pad_layer`), which computes exactly the same
+    get zero channels appended (:func:`zgcore.channels.pad_layer`), which computes exactly the same
     function (HF configs have one ``intermediate_size`` for all layers).
 
     Returns a float32 ``AutoModelForCausalLM`` in eval mode with ``sum(len(block.layers))`` layers.
     """
     from transformers import AutoModelForCausalLM
-
-    from .students import mlp_width, pad_layer
 
     ad = adapter_for(teacher)
     width = max(b.width for b in blocks)
