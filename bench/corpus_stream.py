@@ -58,7 +58,7 @@ def child(spec: dict) -> dict:
     if spec["mode"] == "streaming":
         import luigi
 
-        from tasks.pipeline import PrepareCorpus, PrepareTeacher
+        from tasks.teacher import PrepareCorpus, PrepareTeacher
 
         luigi.build([PrepareTeacher(teacher=spec["teacher"], outputs=spec["outputs"])], local_scheduler=True,
                     log_level="WARNING")
@@ -71,7 +71,7 @@ def child(spec: dict) -> dict:
     else:
         from transformers import AutoTokenizer
 
-        from tasks.pipeline import PrepareTeacher, teacher_record
+        from tasks.teacher import PrepareTeacher, teacher_record
 
         import luigi
 

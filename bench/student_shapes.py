@@ -34,13 +34,14 @@ def main(argv=None) -> None:
     import luigi
     import torch
 
-    from tasks.pipeline import PrepareCorpus, PrepareTeacher, teacher_record
+    from tasks.teacher import PrepareCorpus, PrepareTeacher, teacher_record
     from workflows.experiment import load_config
     from zgcore import corpus, metrics, teacher as zteacher
     from zgcore.adapters import assemble, build_block
     from zgcore.config import block_train_config, kept_layers, resolve_boundaries
     from zgcore.markdown import num, table
-    from zgcore.students import measure, mlp_width
+    from zgcore.channels import mlp_width
+    from zgcore.students import measure
 
     cfg = load_config(preset="default")
     pt = PrepareTeacher(teacher=cfg["teacher"], outputs=a.outputs)

@@ -1,6 +1,10 @@
 """Luigi tasks: parameters, requires, output, and a run that calls zgcore. Nothing else."""
 from .base import ZGTask
-from .pipeline import Assemble, Evaluate, PrepareCorpus, PrepareTeacher, TeacherBoundary, TrainBlock
+from .assemble import Assemble
+from .blocks import TrainBlock
+from .cache import TeacherBoundary
+from .evaluate import Evaluate
+from .teacher import PrepareCorpus, PrepareTeacher
 from .study import ObjectiveStudyReport, SeedSummary
 
 __all__ = ["ZGTask", "PrepareTeacher", "PrepareCorpus", "TeacherBoundary", "TrainBlock", "Assemble", "Evaluate", "SeedSummary",

@@ -22,7 +22,7 @@ from zgcore.atomic import write_json, write_text
 from zgcore.loop import FINAL_STATE, LOSS_LOG
 
 from .base import ZGTask
-from .pipeline import PrepareCorpus
+from .teacher import PrepareCorpus
 from .work import Resumable
 
 

@@ -8,14 +8,14 @@ from zgcore import corpus, students
 from zgcore.atomic import write_json
 
 from .base import HIDDEN
-from .pipeline import PrepareCorpus, _TeacherTask
+from .teacher import PrepareCorpus, _TeacherTask
 
 
 class LayerImportance(_TeacherTask):
     """Block influence of every teacher layer (ShortGPT) and mean |activation| of every MLP
     channel (Minitron) on the first ``sequences`` training sequences; ``importance.json``."""
 
-    code_deps = ("zgcore.students", "zgcore.teacher:load", "zgcore.corpus:read_tokens")
+    code_deps = ("zgcore.students", "zgcore.channels:mlp_parts", "zgcore.teacher:load", "zgcore.corpus:read_tokens")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
     sequences = luigi.IntParameter(description="training sequences measured")

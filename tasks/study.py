@@ -9,7 +9,7 @@ from zgcore import plots, study
 from zgcore.atomic import write_json, write_text
 
 from .base import HIDDEN, ZGTask
-from .pipeline import Evaluate
+from .evaluate import Evaluate
 
 
 class _ManyEvaluations(ZGTask):

@@ -21,7 +21,7 @@ COMMAND = "python -m tasks.versions --write"
 
 def families() -> dict[str, type]:
     """Every concrete ZeroGraph task family, by name (classes whose name starts with ``_`` are bases)."""
-    import tasks  # noqa: F401  (registers the pipeline and study tasks)
+    import tasks  # noqa: F401  (registers the experiment graph's and the study's tasks)
     import tasks.distill  # noqa: F401  (imported lazily elsewhere: every family is registered here, whatever ran before)
     import tasks.local  # noqa: F401
     import tasks.students  # noqa: F401

@@ -50,7 +50,7 @@ def test_default_experiment_hashes_do_not_move():
     """A TrainBlock without the new keys (as before issue 14) and one with their zero defaults share one hash."""
     from workflows import load_config
     from workflows.experiment import block_settings
-    from tasks.pipeline import TrainBlock
+    from tasks.blocks import TrainBlock
 
     cfg = load_config("", tiny_cfg(), "tiny")
     t = block_settings(cfg)[0]
@@ -117,7 +117,7 @@ def test_head_only_keeps_the_head_and_drops_the_layers():
 def test_trainblock_with_ce_term_runs_and_logs_the_terms(tmp_path, run_graph):
     from workflows import load_config
     from workflows.experiment import block_settings
-    from tasks.pipeline import TrainBlock
+    from tasks.blocks import TrainBlock
 
     cfg = load_config("", tiny_cfg(**{"train.ce_weight": 0.1, "train.mtp_weight": 0.1, "train.mtp_n": 2,
                                       "train.max_steps": 3}), "tiny")

@@ -19,7 +19,7 @@ def test_a_change_without_a_bump_is_caught_and_says_what_to_do(tmp_path, monkeyp
     monkeypatch.setattr(versions, "RECORD", fake)
     (msg,) = versions.problems()
     v = record["TrainBlock"]["version"]
-    assert f"TrainBlock.code_version is still {v}: raise it to {v + 1} in tasks/pipeline.py" in msg
+    assert f"TrainBlock.code_version is still {v}: raise it to {v + 1} in tasks/blocks.py" in msg
     assert versions.COMMAND in msg
     record["TrainBlock"]["version"] = v - 1  # bumped (v now) but not recorded: asks for the command only
     fake.write_text(json.dumps(record))
@@ -34,7 +34,7 @@ def test_code_version_and_precision_move_the_hash_but_the_device_index_does_not(
 
     def block0(extra="", version=None):
         if version is not None:
-            from tasks.pipeline import TrainBlock
+            from tasks.blocks import TrainBlock
             monkeypatch.setattr(TrainBlock, "code_version", version)
             luigi.task_register.Register.clear_instance_cache()  # Luigi reuses task instances (and their uid)
         tasks = walk(build_experiment(load_config(overrides=tiny_cfg() + extra, preset=""), str(tmp_path)))
@@ -65,7 +65,7 @@ def test_the_cache_join_is_named_by_its_shards_numerics_not_by_the_shard_plan(tm
     """A bf16-autocast cache (CUDA shards) or one built by other shard code is another cache: the
     join's name moves with the shards' precision and code version, not with the shard plan."""
     from tests.conftest import tiny_cfg
-    from tasks.pipeline import BoundaryShard
+    from tasks.cache import BoundaryShard
     from workflows.cli import walk
     from workflows.experiment import build_experiment, load_config
 

@@ -44,8 +44,8 @@ def test_bad_heal_settings_fail_at_graph_construction(over, what):
 
 
 def test_heal_off_keeps_the_graph_and_on_evaluates_the_healed_student(tmp_path, run_graph):
-    from tasks.distill import Heal
-    from tasks.pipeline import Assemble
+    from tasks.heal import Heal
+    from tasks.assemble import Assemble
     from workflows import build_experiment, load_config
 
     off = build_experiment(load_config("", tiny_cfg(), "tiny"), str(tmp_path))

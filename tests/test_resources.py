@@ -23,7 +23,7 @@ def test_cuda_tasks_claim_one_gpu(tmp_path, device):
     claims = {t.get_task_family(): t.resources for t in tasks}
     assert claims["TrainBlock"] == claims["Assemble"] == claims["Evaluate"] == {"gpu": 1}
     assert claims["TeacherBoundary"] == {}  # the join reads shard records only
-    from tasks.pipeline import BoundaryShard
+    from tasks.cache import BoundaryShard
 
     tb = next(t for t in tasks if t.get_task_family() == "TeacherBoundary")
     shard = BoundaryShard(teacher=tb.teacher, corpus=tb.corpus, boundary=tb.boundary, split="train", lo=0, hi=8,

@@ -59,7 +59,7 @@ class PrepareInputs(RunExperiment):
     :class:`RunExperiment`."""
 
     def requires(self):
-        from tasks.pipeline import PrepareCorpus
+        from tasks.teacher import PrepareCorpus
 
         return PrepareCorpus(teacher=self.cfg["teacher"], corpus=self.cfg["corpus"], outputs=self.outputs)
 

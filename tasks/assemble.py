@@ -1,0 +1,46 @@
+"""Assemble: the teacher's embedding, the trained blocks in order, and the teacher's final norm
+and LM head stitched into one Hugging Face model; ``_StudentTask``, the base of every task over
+one student's blocks."""
+from __future__ import annotations
+
+import luigi
+
+from zgcore.adapters import assemble
+
+from .base import HIDDEN
+from .blocks import TrainBlock, load_blocks
+from .teacher import _TeacherTask
+
+
+class _StudentTask(_TeacherTask):
+    corpus = luigi.DictParameter(visibility=HIDDEN)
+    boundary = luigi.DictParameter(visibility=HIDDEN)
+    blocks = luigi.ListParameter(visibility=HIDDEN, description="each block's resolved train settings, in block order")
+
+    def block_tasks(self) -> list[TrainBlock]:
+        return [TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=i, train=t,
+                           outputs=self.outputs, device=self.device) for i, t in enumerate(self.blocks)]
+
+
+class Assemble(_StudentTask):
+    """Stitch the teacher's embedding, the trained blocks in order, and the teacher's final norm and
+    LM head into one Hugging Face model folder (config, safetensors, tokenizer)."""
+
+    code_deps = ("zgcore.adapters", "zgcore.channels", "zgcore.teacher:load", "tasks.blocks:load_blocks")
+
+    def requires(self):
+        return {"teacher": self.teacher_task(), "blocks": self.block_tasks()}
+
+    def own_config(self):
+        return {}
+
+    def label(self):
+        return "student"
+
+    def run(self):
+        rec, (model, tok) = self.load_teacher()
+        student = assemble(model, load_blocks(model, self.requires()["blocks"], "block"))
+        with self.building() as tmp:
+            student.save_pretrained(tmp / "model")
+            tok.save_pretrained(tmp / "model")
+        self.log(f"saved {self.out_dir / 'model'}")

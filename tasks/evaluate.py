@@ -1,0 +1,91 @@
+"""The last stage of the experiment graph: Evaluate, the held-out report of one student (assembled,
+or healed when ``heal.steps`` > 0) against the teacher and the untrained student."""
+from __future__ import annotations
+
+import json
+
+import luigi
+
+from zgcore import corpus, metrics, plots, report as zreport
+from zgcore.adapters import assemble
+from zgcore.atomic import write_json, write_text
+
+from .assemble import Assemble, _StudentTask
+from .base import HIDDEN
+from .blocks import load_blocks
+from .cache import TeacherBoundary
+from .heal import Heal
+from .teacher import PrepareCorpus
+
+
+class Evaluate(_StudentTask):
+    """Held-out cross-entropy of the teacher, the untrained student and the assembled student;
+    writes ``report.json`` and ``report.md`` (assembled by :mod:`zgcore.report`)."""
+
+    code_deps = ("zgcore.metrics", "zgcore.report", "zgcore.markdown", "zgcore.plots", "zgcore.adapters",
+                 "zgcore.channels", "zgcore.teacher:load", "tasks.blocks:load_blocks")
+
+    eval = luigi.DictParameter(visibility=HIDDEN)
+    name = luigi.Parameter(default="experiment", significant=False)
+    heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,
+                               description="heal section; steps > 0 evaluates the healed student (tasks.heal.Heal)")
+
+    def requires(self):
+        kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                  outputs=self.outputs, device=self.device)
+        if int(self.heal.get("steps", 0)):
+            student = Heal(heal=self.heal, **kw)  # the healed student takes the assembled one's place
+        else:
+            student = Assemble(**kw)
+        req = {"teacher": self.teacher_task(), "assemble": student,
+               "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs),
+               "blocks": self.block_tasks()}  # metrics.json, init/block weights and loss logs are read here
+        if any(t["targets"] == "cached" for t in self.blocks):  # its manifest feeds the cache economics
+            req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
+                                           outputs=self.outputs, device=self.device)
+        return req
+
+    def own_config(self):
+        return {"eval": self.eval}
+
+    def label(self):
+        return "report"
+
+    def run(self):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        req = self.requires()
+        rec, (teacher, tok) = self.load_teacher()
+        val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
+        if int(self.eval["max_sequences"]):
+            val = val[: int(self.eval["max_sequences"])]
+        model_dir = req["assemble"].out_dir / "model"
+        student = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        untrained = assemble(teacher, load_blocks(teacher, req["blocks"], "init"))
+        models = (("teacher", teacher), ("untrained", untrained), ("student", student))
+        ce, cu = metrics.held_out(models, val, self.eval, self.progress)
+        ids = tok("The", return_tensors="pt").input_ids.to(self.device)
+        sample = tok.decode(student.generate(ids, max_new_tokens=24, do_sample=False)[0], skip_special_tokens=True)
+        blocks = [json.loads((t.out_dir / "metrics.json").read_text()) for t in req["blocks"]]
+        bounds = [b["start"] for b in blocks] + [blocks[-1]["end"]]
+        n_shift = min(int(self.eval["context_sequences"]) or 4, len(val))
+        report = zreport.experiment_report(
+            {"name": self.name, "teacher": self.teacher, "boundaries": bounds, "seq_len": int(val.shape[1]),
+             "val_sequences": int(len(val)), "val_tokens": int(val.size), "cross_entropy": ce,
+             "layers": {k: m.config.get_text_config().num_hidden_layers for k, m in models},
+             "blocks": blocks, "model_dir": str(model_dir), "sample": sample, "context_use": cu,
+             "heal_steps": int(self.heal.get("steps", 0)),
+             "context_window": int(self.eval["context_window"]), "context_sequences": min(int(self.eval["context_sequences"]), len(val)),
+             "shift": metrics.boundary_shift(teacher, load_blocks(teacher, req["blocks"], "block"), bounds, val[:n_shift])},
+            self.eval)
+        if "cache" in req:
+            manifest = json.loads((req["cache"].out_dir / "manifest.json").read_text())
+            report["economics"] = zreport.economics(manifest, blocks, [t["batch_size"] for t in self.blocks],
+                                                    lambda s, e, b: metrics.teacher_forward_seconds(teacher, val, s, e, b))
+        with self.building() as tmp:
+            write_json(tmp / "report.json", report)
+            write_text(tmp / "report.md", zreport.report_markdown(report))
+            plots.loss_curves([(f"block {t.block}", t.out_dir / "loss_log.csv") for t in req["blocks"]], tmp / "loss_curves.png")
+            plots.drift(report["shift"], tmp / "drift.png")
+        print(f"\nReport: {self.out_dir / 'report.md'}\n{zreport.summary_line(report)}", flush=True)

@@ -1,0 +1,88 @@
+"""Healing (issue 14): ``Heal``, a short end-to-end logit-KD stage of the assembled student, and
+``_DistillTask``, the run it shares with the distillation study's end-to-end arm (:mod:`tasks.distill`)."""
+from __future__ import annotations
+
+from typing import Any
+
+import luigi
+
+from zgcore import corpus, distill as zdistill
+from zgcore.atomic import write_json
+from zgcore.loop import FINAL_STATE, LOSS_LOG
+
+from .assemble import Assemble, _StudentTask
+from .base import HIDDEN
+from .teacher import PrepareCorpus
+from .work import Resumable
+
+
+def heal_hashed(h) -> dict[str, Any]:
+    """The healing settings a result depends on (``checkpoint_every`` is not one)."""
+    return {k: v for k, v in dict(h).items() if k != "checkpoint_every"}
+
+
+class _DistillTask(Resumable, _StudentTask):
+    """Shared run of the end-to-end distillation tasks: train a student model on the teacher's
+    logits with :func:`zgcore.distill.distill` and save it as a Hugging Face folder ``model/``
+    with ``metrics.json`` (incl. ``peak_rss_mib``), ``loss_log.csv`` and ``train_state.pt``."""
+
+    code_deps = ("zgcore.distill", "zgcore.loop", "zgcore.objectives:regression_loss", "zgcore.adapters", "zgcore.channels",
+                 "zgcore.corpus:read_tokens", "zgcore.teacher:load")
+    section = "heal"  # the configuration section of settings(), named in errors
+
+    def corpus_task(self) -> PrepareCorpus:
+        return PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
+
+    def settings(self) -> dict[str, Any]:
+        """The distillation settings (as :data:`zgcore.distill.HEAL_DEFAULTS`)."""
+        raise NotImplementedError
+
+    def start_student(self, teacher):
+        """``(student, pairs, extra_metrics)``: the model to train, hidden-term layer pairs, metrics to record."""
+        raise NotImplementedError
+
+    def run(self):
+        with zdistill.PeakRSS() as rss:
+            rec, (teacher, tok) = self.load_teacher()
+            tokens = corpus.read_tokens(self.corpus_task().out_dir / "tokens.h5", "train")
+            student, pairs, extra = self.start_student(teacher)
+            h = self.settings()
+            m = zdistill.distill(student, teacher, tokens, h, int(h["steps"]), int(h["seed"]), self.work_dir, self.uid,
+                                 pairs=pairs, name=f"{self.get_task_family()} {self.label()}", section=self.section,
+                                 progress=lambda s, n, v: self.progress(s, n, f"step {s}/{n} loss {v[0]:.4f}"))
+        with self.building() as tmp:
+            student.save_pretrained(tmp / "model")
+            tok.save_pretrained(tmp / "model")
+            self.keep_work(tmp, (LOSS_LOG, FINAL_STATE))
+            write_json(tmp / "metrics.json", {**m, **extra, "peak_rss_mib": rss.mib, "peak_rss_exact": rss.exact})
+        self.drop_work()
+        self.log(f"{m['steps']} steps in {m['seconds']:.1f} s; final loss {m['final_loss']:.4f}")
+
+
+class Heal(_DistillTask):
+    """Healing: a short end-to-end logit-KD stage (KL teacher→student at ``heal.temperature``) of
+    the assembled student against the teacher, ``heal.steps`` steps on the training split; writes
+    a Hugging Face folder like :class:`~tasks.assemble.Assemble`. Resumable from ``<out_dir>.partial``."""
+
+    heal = luigi.DictParameter(visibility=HIDDEN, description="the experiment's heal section")
+
+    def requires(self):
+        return {"assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                                     outputs=self.outputs, device=self.device),
+                "corpus": self.corpus_task()}
+
+    def own_config(self):
+        return {"heal": heal_hashed(self.heal)}
+
+    def label(self):
+        return f"healed-{int(self.heal['steps'])}"
+
+    def settings(self):
+        return dict(self.heal)
+
+    def start_student(self, teacher):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        path = self.requires()["assemble"].out_dir / "model"
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device), [], {}
