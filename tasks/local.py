@@ -4,12 +4,14 @@ PretrainLocal(config) → EvaluateLocal(config) → LocalStudyReport.
 Every PretrainLocal of a study reads the same token store with the same data seed, batch size
 and budget, so all configurations see the same tokens in the same order.
 
-With a learning-rate sweep (``study.lrs``, issue 14): for every configuration and lr a
-PretrainLocal (on ``study.tune_fraction`` of the budget) and an EvaluateLocal on the tuning split
-(training sequences held out of every configuration's training) → ChooseLocalLR (one per
-configuration; ``choice.json`` names the lr of lowest tuning CE) → LocalStudyReport, which then
-asks for each configuration's final PretrainLocal (full budget, chosen lr; the tuning run itself
-when ``tune_fraction`` is 1) and its EvaluateLocal on the test split as dynamic dependencies.
+With a learning-rate search (``study.lrs``, issues 14 and 19): for every configuration a
+ChooseLocalLR that trains and scores one PretrainLocal + EvaluateLocal (tuning split: training
+sequences held out of every configuration's training) per candidate lr — the grid ``study.lrs``
+first, then up to ``study.lr_rounds - 1`` rounds of refinement/extension by
+:mod:`zgcore.lr_search` as dynamic dependencies — and writes ``choice.json`` → LocalStudyReport,
+which then asks for each configuration's final PretrainLocal (full budget, chosen lr; the tuning
+run itself when ``study.tune_fraction`` is 1, the default) and its EvaluateLocal on the test split
+as dynamic dependencies. A candidate whose training diverges is recorded (``diverged.json``) and loses.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import luigi
 
 from zgcore import corpus, local as zlocal, metrics
 from zgcore.atomic import write_json, write_text
-from zgcore.loop import FINAL_STATE, LOSS_LOG
+from zgcore import lr_search
+from zgcore.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 
 from .base import ZGTask
 from .teacher import PrepareCorpus
@@ -62,6 +65,21 @@ class _LocalTask(ZGTask):
         return self.config_label() + lr
 
 
+DIVERGED = "diverged.json"  # the whole output of a search candidate whose training diverged
+
+
+def is_candidate(setup) -> bool:
+    """A run of a learning-rate search (it holds out a tuning split): its divergence is recorded, not raised."""
+    return bool(setup["train"].get("holdout_sequences"))
+
+
+def diverged(task) -> dict | None:
+    """The divergence record of a finished PretrainLocal (``{"lr", "step", "what", "value",
+    "message"}``), or ``None`` when it trained to the end."""
+    path = task.out_dir / DIVERGED
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 class PretrainLocal(Resumable, _LocalTask):
     """Pretrain one configuration from scratch with K gradient-isolated blocks for the token
     budget; writes ``model/`` (HF Llama), ``aux_heads.safetensors``, ``vocab_ids.npy``,
@@ -69,7 +87,9 @@ class PretrainLocal(Resumable, _LocalTask):
     ``metrics.json`` (tokens seen and their sha256, measured activation memory in both execution
     modes, losses, seconds). Checkpoints every ``checkpoint_every`` steps into
     ``<out_dir>.partial`` and resumes from there, bitwise-identical to an uninterrupted run; a
-    non-finite loss or gradient norm fails it at once (:class:`zgcore.loop.NonFiniteError`)."""
+    non-finite loss or gradient norm fails it at once (:class:`zgcore.loop.NonFiniteError`),
+    except in a candidate of a learning-rate search (:func:`is_candidate`): there the output is
+    only ``diverged.json`` (lr, step, which value) and the search goes on without it (issue 20)."""
 
     code_deps = ("zgcore.local", "zgcore.loop", "zgcore.corpus:read_tokens")
 
@@ -95,8 +115,17 @@ class PretrainLocal(Resumable, _LocalTask):
             self.progress(step, total, msg)
             self.log(msg)
         t = {**setup["train"], "log_every": 10, "checkpoint_every": int(self.checkpoint_every)}
-        m = zlocal.train_local(lm, train, t, self.device, progress=report, work=self.work_dir, run_hash=self.uid,
-                               name=f"{self.get_task_family()} {self.label()}")
+        try:
+            m = zlocal.train_local(lm, train, t, self.device, progress=report, work=self.work_dir, run_hash=self.uid,
+                                   name=f"{self.get_task_family()} {self.label()}")
+        except NonFiniteError as e:
+            if not is_candidate(setup):
+                raise
+            with self.building() as tmp:  # a search candidate: its divergence is its result (it loses)
+                write_json(tmp / DIVERGED, {"lr": float(setup["train"]["lr"]), **e.record()})
+            self.drop_work()
+            self.log(f"diverged at lr {float(setup['train']['lr']):g}: {e.what} is {e.value} at step {e.step}")
+            return
         with self.building() as tmp:
             self.keep_work(tmp, (LOSS_LOG, FINAL_STATE))
             zlocal.save_local(tmp, lm, ids, setup)
@@ -111,7 +140,8 @@ class EvaluateLocal(_LocalTask):
     """Held-out CE (nats/token) of one trained configuration: the model's own output, and every
     boundary's aux head; writes ``eval.json``. ``split="val"``: the test split (at most
     ``eval.max_sequences`` sequences); ``split="tune"``: the tuning sequences of a learning-rate
-    sweep (all of them; the configuration must hold some out)."""
+    sweep (all of them; the configuration must hold some out). A diverged tuning run gets
+    ``{"held_out_ce": null, "diverged": {...}}``; a diverged run on the test split fails."""
 
     code_deps = ("zgcore.local", "zgcore.metrics:cross_entropy")
 
@@ -130,6 +160,15 @@ class EvaluateLocal(_LocalTask):
         return super().label() + ("-tune" if self.split == "tune" else "")
 
     def run(self):
+        div = diverged(self.requires()["model"])
+        if div is not None:
+            if self.split != "tune":
+                raise RuntimeError(f"{self.label()}: the run to evaluate diverged at lr {div['lr']:g} ({div['what']} at step "
+                                   f"{div['step']}); its tuning run did not: raise study.tune_fraction to 1")
+            with self.building() as tmp:  # a diverged candidate has no CE: it loses the search
+                write_json(tmp / "eval.json", {"held_out_ce": None, "diverged": div, "split": "tune"})
+            self.log(f"lr {div['lr']:g} diverged ({div['what']} at step {div['step']}): no tuning CE")
+            return
         lm, ids = zlocal.load_local(self.requires()["model"].out_dir, self.device)
         val = _model_tokens(self.corpus_task(), self.setup)[self.split]
         if self.split == "tune" and not len(val):
@@ -147,48 +186,96 @@ class EvaluateLocal(_LocalTask):
 
 
 class ChooseLocalLR(_LocalTask):
-    """One configuration's learning rate: trains it at every lr of the sweep (PretrainLocal on
-    ``tune_fraction`` of the budget), scores each on the tuning split (EvaluateLocal,
-    ``split="tune"``) and writes ``choice.json``: ``{"lrs" (ascending), "tune_ce" (nats/token, one
-    per lr), "best_lr" (lowest tuning CE, ties to the smaller lr), "tune_tokens", "tune_fraction",
-    "tune_sequences", "tune_predicted_tokens", "evaluations" (folders)}``. ``setup``: the
-    configuration with its tuning split (``train.holdout_sequences``); its ``train.lr`` is unused."""
+    """One configuration's learning rate, by the search of :mod:`zgcore.lr_search`: round 1 trains
+    it at every lr of ``lrs`` (one PretrainLocal each, on ``tune_fraction`` of the budget) and
+    scores each on the tuning split (EvaluateLocal, ``split="tune"``); each further round (at most
+    ``rounds`` in all) adds the candidates :func:`zgcore.lr_search.next_lrs` names — refining
+    around the best, extending past an edge — as dynamic dependencies (``yield`` in :meth:`run`),
+    until the best lr is interior with neighbours at most 2x away. A candidate that diverged loses
+    (``diverged.json``); the task fails only when every candidate diverged.
 
+    Writes ``choice.json``: ``{"grid", "lrs" (every lr searched, ascending), "tune_ce" (nats/token,
+    one per lr; null = diverged), "best_lr" (lowest tuning CE, ties to the smaller lr), "at_edge",
+    "converged", "rounds", "max_rounds", "diverged" ([{"lr", "step", "what", "value", "message"}]),
+    "tune_tokens", "tune_fraction", "tune_sequences", "tune_predicted_tokens", "evaluations"
+    (folders)}``. ``setup``: the configuration with its tuning split (``train.holdout_sequences``);
+    its ``train.lr`` is unused."""
+
+    # 2: the search (rounds beyond the grid as dynamic dependencies) and diverged candidates
+    code_version = 2
     uses_device = False  # reads the evaluations only
-    code_deps = ("zgcore.local.report:choose_lr", "zgcore.local.config:sweep_run")
+    code_deps = ("zgcore.lr_search", "zgcore.local.config:sweep_run")
 
-    lrs = luigi.ListParameter(description="peak learning rates, ascending")
+    lrs = luigi.ListParameter(description="the first round's peak learning rates, ascending")
+    rounds = luigi.IntParameter(default=1, description="rounds of the search at most (1 = lrs only)")
     tune_fraction = luigi.FloatParameter(default=1.0, description="share of the token budget a tuning run sees")
     eval = luigi.DictParameter()
 
+    def candidate(self, lr: float) -> EvaluateLocal:
+        """The tuning evaluation (and through it the tuning run) of this configuration at ``lr``."""
+        setup = zlocal.sweep_run(_plain(self.setup), lr, float(self.tune_fraction), int(self.corpus["seq_len"]))
+        return EvaluateLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=setup, eval=self.eval, split="tune",
+                             outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every)
+
     def tune_setups(self) -> list:
-        """The tuning configurations, one per lr (normalised runs)."""
-        seq_len = int(self.corpus["seq_len"])
-        return [zlocal.sweep_run(_plain(self.setup), lr, float(self.tune_fraction), seq_len) for lr in self.lrs]
+        """The first round's tuning configurations, one per lr (normalised runs)."""
+        return [self.candidate(lr).setup for lr in self.lrs]
 
     def requires(self):
-        return [EvaluateLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=s, eval=self.eval, split="tune",
-                              outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every)
-                for s in self.tune_setups()]
+        return [self.candidate(lr) for lr in self.lrs]
+
+    def rounds_done(self):
+        """Replay the search over the evaluations that exist: ``(rounds, results, tasks, pending)``
+        where ``results`` is ``{lr: eval.json}`` of every finished candidate, ``tasks`` their
+        EvaluateLocal tasks (search order) and ``pending`` the next round's tasks ([] when done)."""
+        results, tasks, n = {}, [], 0
+        todo = sorted(float(x) for x in self.lrs)
+        while todo and n < int(self.rounds):
+            batch = [self.candidate(lr) for lr in todo]
+            if not all(t.complete() for t in batch):
+                return n, results, tasks, batch
+            n += 1
+            for lr, t in zip(todo, batch):
+                results[lr] = json.loads((t.out_dir / "eval.json").read_text())
+            tasks += batch
+            todo = lr_search.next_lrs({lr: e["held_out_ce"] for lr, e in results.items()})
+        return n, results, tasks, []
+
+    def dynamic_upstream(self) -> list:
+        """The candidates of rounds 2.. that exist (they are read like the static first round)."""
+        return self.rounds_done()[2][len(self.lrs):]
 
     def own_config(self):
-        return {"setup": self.setup, "lrs": [float(x) for x in self.lrs], "tune_fraction": float(self.tune_fraction)}
+        return {"setup": self.setup, "lrs": [float(x) for x in self.lrs], "rounds": int(self.rounds),
+                "tune_fraction": float(self.tune_fraction)}
 
     def label(self):
         return self.config_label() + "-lrs"
 
     def run(self):
-        evs = [json.loads((t.out_dir / "eval.json").read_text()) for t in self.requires()]
-        lrs = [float(x) for x in self.lrs]
-        ces = [e["held_out_ce"] for e in evs]
-        best = zlocal.choose_lr(lrs, ces)
+        while True:
+            n, results, tasks, pending = self.rounds_done()
+            if not pending:
+                break
+            yield pending  # the next round: known only now
+        scores = {lr: e["held_out_ce"] for lr, e in results.items()}
+        div = {lr: e["diverged"] for lr, e in results.items() if e.get("diverged")}
+        try:
+            s = lr_search.summary(scores, n, int(self.rounds), diverged=div)
+        except ValueError as e:
+            raise ValueError(f"{self.config_label()}: {e}; lower study.lrs") from None
+        first = next(e for e in results.values() if e.get("held_out_ce") is not None)
         with self.building() as tmp:
             write_json(tmp / "choice.json", {
-                "lrs": lrs, "tune_ce": ces, "best_lr": best, "tune_fraction": float(self.tune_fraction),
+                "grid": sorted(float(x) for x in self.lrs), **{k: s[k] for k in ("lrs", "best_lr", "at_edge", "converged",
+                                                                                  "rounds", "max_rounds", "diverged")},
+                "tune_ce": s["scores"], "tune_fraction": float(self.tune_fraction),
                 "tune_tokens": int(self.tune_setups()[0]["train"]["token_budget"]),
-                "tune_sequences": evs[0]["val_sequences"], "tune_predicted_tokens": evs[0]["val_tokens"],
-                "evaluations": [str(t.out_dir) for t in self.requires()]})
-        self.log("tuning CE " + ", ".join(f"{lr:g}: {ce:.4f}" for lr, ce in zip(lrs, ces)) + f"; chosen lr {best:g}")
+                "tune_sequences": first["val_sequences"], "tune_predicted_tokens": first["val_tokens"],
+                "evaluations": [str(t.out_dir) for t in tasks]})
+        self.log("tuning CE " + ", ".join(f"{lr:g}: {'diverged' if ce is None else f'{ce:.4f}'}"
+                                          for lr, ce in zip(s["lrs"], s["scores"]))
+                 + f"; chosen lr {s['best_lr']:g} ({lr_search.edge_note(s)})")
 
 
 class LocalStudyReport(ZGTask):
@@ -202,7 +289,8 @@ class LocalStudyReport(ZGTask):
     rebuilt one makes this report stale like a static input)."""
 
     # 2: tokens per parameter, the paper's findings, the lr column and the learning-rate sweep
-    code_version = 2
+    # 3: the lr search (every lr searched per configuration, edges, diverged candidates)
+    code_version = 3
     uses_device = False  # reads the EvaluateLocal results only
     code_deps = ("zgcore.local", "zgcore.markdown")
 
@@ -212,6 +300,7 @@ class LocalStudyReport(ZGTask):
     eval = luigi.DictParameter()
     lrs = luigi.ListParameter(default=[], description="learning-rate sweep (ascending); [] = each run's train.lr")
     tune_fraction = luigi.FloatParameter(default=1.0, description="share of the token budget a tuning run sees")
+    lr_rounds = luigi.IntParameter(default=1, description="rounds of each configuration's lr search at most")
     name = luigi.Parameter(default="local-study", significant=False)
     checkpoint_every = luigi.IntParameter(default=50, significant=False)
 
@@ -235,7 +324,8 @@ class LocalStudyReport(ZGTask):
     def requires(self):
         if self.lrs:
             return {"choices": [ChooseLocalLR(setup=r, lrs=list(self.lrs), tune_fraction=self.tune_fraction,
-                                              eval=self.eval, **self._common()) for r in self._runs()]}
+                                              rounds=self.lr_rounds, eval=self.eval, **self._common())
+                                for r in self._runs()]}
         # each model's metrics.json (tokens, memory, losses) is read here as well as its evaluation
         evals = self._finals(self._runs())
         return {"evaluations": evals[: len(evals) // 2], "models": evals[len(evals) // 2:]}
@@ -261,7 +351,8 @@ class LocalStudyReport(ZGTask):
     def own_config(self):
         out = {"cells": [{k: c[k] for k in ("K", "aux", "mtp")} for c in self.cells]}
         if self.lrs:
-            out["sweep"] = {"lrs": [float(x) for x in self.lrs], "tune_fraction": float(self.tune_fraction)}
+            out["sweep"] = {"lrs": [float(x) for x in self.lrs], "tune_fraction": float(self.tune_fraction),
+                            "rounds": int(self.lr_rounds)}
         return out
 
     def label(self):

@@ -13,7 +13,8 @@ torch.set_num_threads(1)
 
 TINY_MODEL = {"n_layers": 4, "hidden_size": 32, "intermediate_size": 64, "n_heads": 4, "n_kv_heads": 2,
               "rope_theta": 10000.0, "vocab": "compact"}
-SWEEP = "study.K=[1,2] study.aux=[mlp] study.mtp=[off] study.lrs=[1e-2,1e-3,3e-3] study.tune_sequences=6 model.vocab=top:40"
+SWEEP = ("study.K=[1,2] study.aux=[mlp] study.mtp=[off] study.lrs=[1e-2,1e-3,3e-3] study.lr_rounds=1 "
+         "study.tune_sequences=6 model.vocab=top:40")
 
 
 def test_top_n_vocabulary_on_a_hand_made_example():
@@ -46,6 +47,7 @@ def test_top_n_vocabulary_on_a_hand_made_example():
     ({"study": {"lrs": [1e-3], "tune_fraction": 1.5}}, r"study.tune_fraction must be in \(0, 1\]"),
     ({"study": {"lrs": [1e-3], "tune_fraction": 0.001}}, "tuning budget below one batch"),
     ({"study": {"lrs": [1e-3], "tune_sequences": 0}}, "study.tune_sequences"),
+    ({"study": {"lrs": [1e-3], "lr_rounds": 0}}, "study.lr_rounds"),
     ({"study": {"configs": [{"K": 2}]}}, "must include a configuration with K=1"),
     ({"study": {"configs": [{"K": 1}, {"K": 2, "head": "mlp"}]}}, r"unknown key\(s\) in study.configs\[1\]: head"),
     ({"study": {"configs": [{"K": 1}, {"K": 8}]}}, "local.K=8 exceeds"),
@@ -140,7 +142,7 @@ def test_choose_lr_is_the_argmin_ties_to_the_first_and_skips_diverged_runs():
     assert zl.choose_lr([1e-3, 3e-3, 1e-2], [4.0, 3.5, 3.9]) == 3e-3
     assert zl.choose_lr([1e-3, 3e-3], [3.5, 3.5]) == 1e-3
     assert zl.choose_lr([1e-3, 3e-3, 1e-2], [4.0, float("nan"), float("inf")]) == 1e-3
-    with pytest.raises(ValueError, match="no learning rate"):
+    with pytest.raises(ValueError, match="every learning rate"):
         zl.choose_lr([1e-3], [float("nan")])
 
 
@@ -190,7 +192,7 @@ def test_sweep_graph_tunes_each_configuration_and_reports_at_its_best_lr(tmp_pat
     non_emb = sum(p.numel() for n, p in lm.model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
     assert rep["vocab_size"] == 41 and tpp["non_embedding_parameters"] == non_emb and tpp["ratio"] == 1024 / non_emb
     md = (report.out_dir / "report.md").read_text()
-    assert "## Learning-rate sweep" in md and "## The paper's three findings" in md and "Tokens per parameter" in md
+    assert "## Learning-rate search" in md and "## The paper's three findings" in md and "Tokens per parameter" in md
     # the final runs are inputs like the static ones: a damaged final evaluation rebuilds it and the report only
     next(f for f in sorted(finals[1].out_dir.iterdir()) if f.name != "task.json").unlink()
     ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
@@ -203,7 +205,7 @@ def test_sweep_graph_tunes_each_configuration_and_reports_at_its_best_lr(tmp_pat
 def test_sweep_at_the_full_budget_reuses_the_tuning_runs(tmp_path, run_graph):
     from workflows import LocalLearningStudy
 
-    over = "study.K=[1,2] study.aux=[mlp] study.mtp=[off] study.lrs=[1e-3,1e-2] study.tune_sequences=6"
+    over = "study.K=[1,2] study.aux=[mlp] study.mtp=[off] study.lrs=[1e-3,1e-2] study.lr_rounds=1 study.tune_sequences=6"
     ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
     fams = [f for f, _ in ran]
     assert ok and fams.count("PretrainLocal") == 2 * 2  # the chosen tuning run is the final run

@@ -36,7 +36,18 @@ _CKPT_FIELDS = {"format", "modules", "optimizers", "torch_rng", "step", "log", "
 
 class NonFiniteError(RuntimeError):
     """A loss or gradient norm became NaN or infinite during training: the run stops at once,
-    nothing is saved as a result, and the last checkpoint taken before the fault is kept."""
+    nothing is saved as a result, and the last checkpoint taken before the fault is kept.
+
+    Attributes (``None`` when not given): ``step`` (1-based), ``what`` (e.g. ``"the loss"``),
+    ``value`` (the non-finite value) — what a learning-rate search records of a diverged candidate."""
+
+    def __init__(self, message: str, step: int | None = None, what: str | None = None, value: float | None = None):
+        super().__init__(message)
+        self.step, self.what, self.value = step, what, value
+
+    def record(self) -> dict:
+        """``{"step", "what", "value" (as text: JSON has no NaN), "message"}``."""
+        return {"step": self.step, "what": self.what, "value": str(self.value), "message": str(self)}
 
 
 def data_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -92,7 +103,7 @@ class TrainLoop:
             f"{self.name}: {what} is {value} at step {step + 1} of {self.steps}; training stopped and nothing was saved "
             f"as done ({kept}). Lower {self.section}.lr (now {self.lr:g}), set {self.section}.grad_clip > 0 (now "
             f"{self.clip:g}; e.g. 1.0), "
-            f"or check the input data (a non-finite boundary or token)")
+            f"or check the input data (a non-finite boundary or token)", step=step + 1, what=what, value=value)
 
     def zero_grad(self, j: int | None = None) -> None:
         """Clear the gradients of group ``j`` (all groups if ``None``)."""

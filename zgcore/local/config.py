@@ -66,6 +66,9 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "configs": [],
         # learning-rate sweep: peak lrs tried for every configuration ([] = train.lr for all, no tuning split)
         "lrs": [],
+        # rounds of the lr search (zgcore.lr_search): 1 = the lrs above only; more = refine around the best and
+        # extend past an edge until the best is interior with neighbours <= 2x apart, or this many rounds ran
+        "lr_rounds": 4,
         "tune_fraction": 1.0,  # tuning runs see this share of train.token_budget (1.0: the tuning run is the final run)
         "tune_sequences": 64,  # training sequences held out (seeded) to pick each configuration's lr; never trained on
     },
@@ -218,7 +221,7 @@ def validate_sweep(st: Mapping[str, Any], t: Mapping[str, Any], seq_len: int) ->
     Raises:
         ConfigError: ``study.lrs`` not a list, an lr that is empty, not a number or not positive,
             a repeated lr; ``study.tune_fraction`` outside (0, 1] or a tuning budget below one
-            batch; ``study.tune_sequences`` not a positive integer.
+            batch; ``study.tune_sequences`` or ``study.lr_rounds`` not a positive integer.
     """
     lrs = st["lrs"]
     if lrs is None or lrs == "":
@@ -235,6 +238,7 @@ def validate_sweep(st: Mapping[str, Any], t: Mapping[str, Any], seq_len: int) ->
     if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
         raise ConfigError(f"study.tune_fraction must be in (0, 1] (share of train.token_budget a tuning run sees), got {f!r}")
     _int("study.tune_sequences", st["tune_sequences"])
+    _int("study.lr_rounds", st["lr_rounds"])
     if lrs and tune_budget(t, f, seq_len) < int(t["batch_size"]) * seq_len:
         raise ConfigError(f"study.tune_fraction={f} gives a tuning budget below one batch "
                           f"({int(t['batch_size'])} x {seq_len} tokens); raise it or train.token_budget")

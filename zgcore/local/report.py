@@ -3,28 +3,13 @@ memory per execution mode), its Markdown (tables via :mod:`zgcore.markdown`) and
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Mapping, Sequence
 
+from ..lr_search import choose_lr, edge_note  # noqa: F401 (choose_lr re-exported: the search's argmin)
 from ..markdown import num, table
 
 NOT_MEASURED, REPRODUCED, NOT_REPRODUCED = "not measured", "reproduced", "not reproduced"
-
-
-def choose_lr(lrs: Sequence[float], tune_ce: Sequence[float]) -> float:
-    """The learning rate of lowest tuning CE (nats/token); a tie goes to the one listed first
-    (the sweep lists them ascending, so the smaller). A non-finite CE (a diverged run) never wins.
-
-    Raises:
-        ValueError: different lengths, no lr, or no finite CE at all.
-    """
-    if len(lrs) != len(tune_ce) or not lrs:
-        raise ValueError(f"choose_lr needs one tuning CE per lr, got {len(lrs)} lrs and {len(tune_ce)} CEs")
-    finite = [(ce, i) for i, ce in enumerate(tune_ce) if ce is not None and math.isfinite(ce)]
-    if not finite:
-        raise ValueError(f"no learning rate of {list(lrs)} gave a finite tuning CE")
-    return float(lrs[min(finite)[1]])
 
 
 def _find(rows: Sequence[Mapping[str, Any]], k: int, aux: str | None = None, mtp: Sequence[int] | None = None):
@@ -81,7 +66,10 @@ def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[st
     (with a learning-rate sweep also ``"choice"``: the ``choice.json`` of its lr choice).
 
     Gap = held-out CE (nats/token) minus the K=1 end-to-end CE of the same study (same model,
-    seed and token budget; with a sweep, each configuration at its own best lr). Memory: peak
+    seed and token budget; with a sweep, each configuration at the lr its search chose; ``rows[i]``
+    then also has ``tune_lrs``/``tune_ce`` (every lr searched, ascending, and its tuning CE; None =
+    diverged) and ``lr_search`` (``at_edge``, ``converged``, ``rounds``, ``max_rounds``,
+    ``diverged``: see :func:`zgcore.lr_search.summary`)). Memory: peak
     saved-activation bytes in both execution modes and their ratio (together / per-block).
     Tokens per parameter: training tokens per configuration over the model's non-embedding
     parameters (all parameters less the input embedding and the untied LM head, ``2 x V x d``;
@@ -111,13 +99,17 @@ def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[st
                      "memory_ratio": r["train"]["memory_ratio"], "train_seconds": r["train"]["seconds"],
                      "parameters": r["train"].get("parameters"), "tokens": r["train"]["tokens"],
                      "lr": c["run"]["train"]["lr"] if "choice" not in r else r["choice"]["best_lr"],
-                     "tune_ce": r["choice"]["tune_ce"] if "choice" in r else None, "dir": r.get("dir")})
+                     "tune_lrs": r["choice"]["lrs"] if "choice" in r else None,
+                     "tune_ce": r["choice"]["tune_ce"] if "choice" in r else None,
+                     "lr_search": {k: r["choice"][k] for k in ("at_edge", "converged", "rounds", "max_rounds", "diverged")}
+                     if "choice" in r else None, "dir": r.get("dir")})
     t0 = results[0]["train"]
     model = cells[0]["run"]["model"]
     total, vocab = base[0]["train"].get("parameters"), t0.get("vocab_size")
     non_emb = None if total is None or vocab is None else int(total) - 2 * int(vocab) * int(model["hidden_size"])
     ch = [r["choice"] for r in results if "choice" in r]
-    sweep = None if not ch else {"lrs": ch[0]["lrs"], "tune_fraction": ch[0]["tune_fraction"],
+    sweep = None if not ch else {"grid": ch[0]["grid"], "max_rounds": ch[0]["max_rounds"],
+                                 "tune_fraction": ch[0]["tune_fraction"],
                                  "tune_tokens": ch[0]["tune_tokens"], "tune_sequences": ch[0]["tune_sequences"],
                                  "tune_predicted_tokens": ch[0]["tune_predicted_tokens"]}
     return {"name": name, "tokenizer": tokenizer, "seq_len": int(seq_len), "model": model,
@@ -169,15 +161,33 @@ def _sweep_lines(rep: Mapping[str, Any]) -> list[str]:
     sw = rep.get("sweep")
     if not sw:
         return []
-    lrs = sw["lrs"]
-    rows = [[r["K"], r["aux"], r["mtp_label"]] + [num(r["tune_ce"][i]) + (" **best**" if lr == r["lr"] else "")
-                                                 for i, lr in enumerate(lrs)] + [f"{r['lr']:g}"] for r in rep["rows"]]
-    return ["## Learning-rate sweep", "",
-            f"Every configuration trained at each peak lr on {sw['tune_tokens']:,} tokens (tune_fraction "
-            f"{sw['tune_fraction']:g}), scored on {sw['tune_sequences']} tuning sequences held out of the training "
-            f"split ({sw['tune_predicted_tokens']:,} predicted tokens; never trained on, never the test split). The "
-            "lowest tuning CE picks the lr the table above reports (trained on the full budget, scored on the test split).", "",
-            table(["K", "aux head", "MTP"] + [f"tuning CE @ {lr:g}" for lr in lrs] + ["chosen lr"], rows), ""]
+
+    def searched(r):
+        return ", ".join((f"**{lr:g}: {num(ce)}**" if lr == r["lr"] else f"{lr:g}: {num(ce)}") if ce is not None
+                         else f"{lr:g}: diverged" for lr, ce in zip(r["tune_lrs"], r["tune_ce"]))
+
+    def diverged(r):
+        return "; ".join(f"{d['lr']:g} ({d.get('what') or 'non-finite'} at step {d.get('step')})"
+                         for d in r["lr_search"]["diverged"]) or "none"
+
+    rows = [[r["K"], r["aux"], r["mtp_label"], searched(r), f"{r['lr']:g}", edge_note({**r["lr_search"], "best_lr": r["lr"],
+                                                                                       "lrs": r["tune_lrs"]}), diverged(r)]
+            for r in rep["rows"]]
+    edge = [r for r in rep["rows"] if r["lr_search"]["at_edge"]]
+    budget = ("the full budget of the final run (the chosen tuning run is the final run)" if sw["tune_fraction"] >= 1
+              else f"{sw['tune_tokens']:,} tokens (tune_fraction {sw['tune_fraction']:g} of the final run's budget: "
+              "a short-run choice, not shown here to equal the full-run choice)")
+    return ["## Learning-rate search", "",
+            f"Every configuration searched its own peak lr (zgcore.lr_search): the grid {', '.join(f'{x:g}' for x in sw['grid'])}, "
+            f"then up to {sw['max_rounds'] - 1} more rounds that refine around the best lr (geometric midpoints) and extend "
+            "past an edge when the best sits there, until the best is interior with neighbours at most 2x away. Each "
+            f"candidate trained on {budget}, scored on {sw['tune_sequences']} tuning sequences held out of the training "
+            f"split ({sw['tune_predicted_tokens']:,} predicted tokens; never trained on, never the test split). A run "
+            "that diverged (non-finite loss or gradient norm) loses. The table above reports each configuration at "
+            "its chosen lr, trained on the full budget and scored on the test split.", "",
+            table(["K", "aux head", "MTP", "lrs searched: tuning CE (chosen in bold)", "chosen lr", "where", "diverged"], rows), "",
+            *([f"**{len(edge)} configuration(s) chose an lr at an edge of what was searched**: their optimum may lie "
+               "beyond it (raise study.lr_rounds).", ""] if edge else [])]
 
 
 def _findings_lines(rep: Mapping[str, Any]) -> list[str]:

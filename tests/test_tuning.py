@@ -1,0 +1,79 @@
+"""Issues 19 (part 3) and 20 (part 5) in the Luigi graph: the learning-rate search extends past
+the first grid, and a diverged candidate loses without stopping the search."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _report(out, over):
+    from workflows.cli import walk
+    from workflows.local import build_local_study, load_local_config
+
+    report = build_local_study(load_local_config(overrides=over, preset="local_tiny"), str(out))
+    return report, walk(report)
+
+
+def _luigi(out, over, timeout=600):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "luigi", "--module", "workflows", "LocalLearningStudy", "--preset", "local_tiny",
+           "--set", over, "--outputs", str(out), "--local-scheduler"]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_search_leaves_a_grid_that_misses_the_optimum(tmp_path, run_graph):
+    """19.2: the tiny preset's best lr (~1.6e-2 at its 8 steps) lies above the grid [1e-3, 4e-3]:
+    the chosen lr is outside the first grid and not at an edge of what was finally searched."""
+    from workflows import LocalLearningStudy
+
+    grid = [1e-3, 4e-3]
+    over = "study.K=[1] study.lrs=[1e-3,4e-3] study.lr_rounds=6"
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
+    assert ok
+    report, tasks = _report(tmp_path, over)
+    rep = json.loads((report.out_dir / "report.json").read_text())
+    (row,) = rep["rows"]
+    lrs, ces = row["tune_lrs"], row["tune_ce"]
+    assert row["lr"] not in grid and min(lrs) < row["lr"] < max(lrs)
+    assert not row["lr_search"]["at_edge"] and row["lr_search"]["converged"] and 2 < row["lr_search"]["rounds"] <= 6
+    i = lrs.index(row["lr"])
+    assert lrs[i] / lrs[i - 1] <= 2 and lrs[i + 1] / lrs[i] <= 2 and ces[i] == min(ces)
+    # every candidate is its own task; rounds 2.. are dynamic dependencies of the choice (read like static inputs)
+    (choice,) = [t for t in tasks if t.get_task_family() == "ChooseLocalLR"]
+    dyn = choice.dynamic_upstream()
+    assert sorted(float(t.setup["train"]["lr"]) for t in choice.requires() + dyn) == lrs and len(dyn) == len(lrs) - 2
+    assert [f for f, _ in ran].count("PretrainLocal") == len(lrs)  # at the full budget: the chosen run is the final run
+    md = (report.out_dir / "report.md").read_text()
+    assert f"**{row['lr']:g}: " in md and "interior, neighbours within 2x" in md
+    # rerun: nothing to do
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
+    assert ok and [f for f, _ in ran if f != "LocalLearningStudy"] == []
+
+
+def test_a_diverging_lr_loses_and_the_study_goes_on(tmp_path):
+    """20.5: the tiny preset with study.lrs=[1e-3, 1e9] exits 0, picks 1e-3 and lists 1e9 as
+    diverged (study.lr_rounds=1: the grid alone, so 1e-3 is the only finite candidate)."""
+    over = "study.lrs=[1e-3,1e9] study.lr_rounds=1"
+    proc = _luigi(tmp_path, over)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report, tasks = _report(tmp_path, over)
+    rep = json.loads((report.out_dir / "report.json").read_text())
+    assert len(rep["rows"]) == 9  # K=1; K=2 and K=4 x {mlp, transformer} x MTP {off, first}
+    for row in rep["rows"]:
+        assert row["lr"] == 1e-3 and row["tune_lrs"] == [1e-3, 1e9] and row["tune_ce"][1] is None
+        (d,) = row["lr_search"]["diverged"]
+        assert d["lr"] == 1e9 and d["step"] >= 1 and ("gradient norm" in d["what"] or "loss" in d["what"])
+    md = (report.out_dir / "report.md").read_text()
+    assert "1e+09: diverged" in md and "| 1e+09 (" in md
+    # the diverged candidate's whole output is a small record
+    pre = [t for t in tasks if t.get_task_family() == "PretrainLocal" and float(t.setup["train"]["lr"]) == 1e9]
+    assert pre and all(sorted(p.name for p in t.out_dir.iterdir()) == ["diverged.json", "task.json"] for t in pre)
+
+
+def test_a_study_fails_when_every_candidate_diverges(tmp_path):
+    proc = _luigi(tmp_path, "study.K=[1] study.lrs=[1e8,1e9] study.lr_rounds=1")
+    assert proc.returncode != 0
+    assert "every learning rate of [100000000.0, 1000000000.0] diverged" in proc.stdout + proc.stderr
