@@ -24,6 +24,7 @@ from zgcore.atomic import write_json, write_text
 from zgcore import lr_search
 from zgcore.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 
+from . import search
 from .base import ZGTask
 from .teacher import PrepareCorpus
 from .work import Resumable
@@ -65,19 +66,9 @@ class _LocalTask(ZGTask):
         return self.config_label() + lr
 
 
-DIVERGED = "diverged.json"  # the whole output of a search candidate whose training diverged
-
-
 def is_candidate(setup) -> bool:
     """A run of a learning-rate search (it holds out a tuning split): its divergence is recorded, not raised."""
     return bool(setup["train"].get("holdout_sequences"))
-
-
-def diverged(task) -> dict | None:
-    """The divergence record of a finished PretrainLocal (``{"lr", "step", "what", "value",
-    "message"}``), or ``None`` when it trained to the end."""
-    path = task.out_dir / DIVERGED
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 class PretrainLocal(Resumable, _LocalTask):
@@ -121,10 +112,7 @@ class PretrainLocal(Resumable, _LocalTask):
         except NonFiniteError as e:
             if not is_candidate(setup):
                 raise
-            with self.building() as tmp:  # a search candidate: its divergence is its result (it loses)
-                write_json(tmp / DIVERGED, {"lr": float(setup["train"]["lr"]), **e.record()})
-            self.drop_work()
-            self.log(f"diverged at lr {float(setup['train']['lr']):g}: {e.what} is {e.value} at step {e.step}")
+            search.record_divergence(self, setup["train"]["lr"], e)  # a search candidate: it loses
             return
         with self.building() as tmp:
             self.keep_work(tmp, (LOSS_LOG, FINAL_STATE))
@@ -160,7 +148,7 @@ class EvaluateLocal(_LocalTask):
         return super().label() + ("-tune" if self.split == "tune" else "")
 
     def run(self):
-        div = diverged(self.requires()["model"])
+        div = search.diverged(self.requires()["model"])
         if div is not None:
             if self.split != "tune":
                 raise RuntimeError(f"{self.label()}: the run to evaluate diverged at lr {div['lr']:g} ({div['what']} at step "
@@ -204,7 +192,7 @@ class ChooseLocalLR(_LocalTask):
     # 2: the search (rounds beyond the grid as dynamic dependencies) and diverged candidates
     code_version = 2
     uses_device = False  # reads the evaluations only
-    code_deps = ("zgcore.lr_search", "zgcore.local.config:sweep_run")
+    code_deps = ("zgcore.lr_search", "zgcore.local.config:sweep_run", "tasks.search")
 
     lrs = luigi.ListParameter(description="the first round's peak learning rates, ascending")
     rounds = luigi.IntParameter(default=1, description="rounds of the search at most (1 = lrs only)")
@@ -224,26 +212,14 @@ class ChooseLocalLR(_LocalTask):
     def requires(self):
         return [self.candidate(lr) for lr in self.lrs]
 
-    def rounds_done(self):
-        """Replay the search over the evaluations that exist: ``(rounds, results, tasks, pending)``
-        where ``results`` is ``{lr: eval.json}`` of every finished candidate, ``tasks`` their
-        EvaluateLocal tasks (search order) and ``pending`` the next round's tasks ([] when done)."""
-        results, tasks, n = {}, [], 0
-        todo = sorted(float(x) for x in self.lrs)
-        while todo and n < int(self.rounds):
-            batch = [self.candidate(lr) for lr in todo]
-            if not all(t.complete() for t in batch):
-                return n, results, tasks, batch
-            n += 1
-            for lr, t in zip(todo, batch):
-                results[lr] = json.loads((t.out_dir / "eval.json").read_text())
-            tasks += batch
-            todo = lr_search.next_lrs({lr: e["held_out_ce"] for lr, e in results.items()})
-        return n, results, tasks, []
+    def _search(self):
+        score = lambda t: (lambda e: {"score": e["held_out_ce"], "diverged": e.get("diverged"), "eval": e})(
+            json.loads((t.out_dir / "eval.json").read_text()))
+        return [float(x) for x in self.lrs], int(self.rounds), self.candidate, score
 
     def dynamic_upstream(self) -> list:
         """The candidates of rounds 2.. that exist (they are read like the static first round)."""
-        return self.rounds_done()[2][len(self.lrs):]
+        return search.replay(*self._search())[2][len(self.lrs):]
 
     def own_config(self):
         return {"setup": self.setup, "lrs": [float(x) for x in self.lrs], "rounds": int(self.rounds),
@@ -253,22 +229,11 @@ class ChooseLocalLR(_LocalTask):
         return self.config_label() + "-lrs"
 
     def run(self):
-        while True:
-            n, results, tasks, pending = self.rounds_done()
-            if not pending:
-                break
-            yield pending  # the next round: known only now
-        scores = {lr: e["held_out_ce"] for lr, e in results.items()}
-        div = {lr: e["diverged"] for lr, e in results.items() if e.get("diverged")}
-        try:
-            s = lr_search.summary(scores, n, int(self.rounds), diverged=div)
-        except ValueError as e:
-            raise ValueError(f"{self.config_label()}: {e}; lower study.lrs") from None
-        first = next(e for e in results.values() if e.get("held_out_ce") is not None)
+        s, tasks = yield from search.run_search(*self._search(), who=self.config_label(), hint="lower study.lrs")
+        first = next(r["eval"] for r in s["results"].values() if r["score"] is not None)
         with self.building() as tmp:
             write_json(tmp / "choice.json", {
-                "grid": sorted(float(x) for x in self.lrs), **{k: s[k] for k in ("lrs", "best_lr", "at_edge", "converged",
-                                                                                  "rounds", "max_rounds", "diverged")},
+                **{k: s[k] for k in ("grid", "lrs", "best_lr", "at_edge", "converged", "rounds", "max_rounds", "diverged")},
                 "tune_ce": s["scores"], "tune_fraction": float(self.tune_fraction),
                 "tune_tokens": int(self.tune_setups()[0]["train"]["token_budget"]),
                 "tune_sequences": first["val_sequences"], "tune_predicted_tokens": first["val_tokens"],

@@ -19,3 +19,17 @@ def positive_int(where: str, v: Any, zero_ok: bool = False) -> None:
     """
     if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < (0 if zero_ok else 1):
         raise ConfigError(f"{where} must be a {'non-negative' if zero_ok else 'positive'} integer, got {v!r}")
+
+
+def validate_lr_search(where: str, lrs: Any, rounds: Any) -> None:
+    """Check a learning-rate search's settings (``<where>.lrs``, ``<where>.lr_rounds``; see
+    :mod:`zgcore.lr_search`): ``lrs`` a list of distinct positive finite numbers ([] = no search),
+    ``rounds`` a positive integer. Raises :class:`ConfigError` naming the key."""
+    if lrs is None or isinstance(lrs, str) or not isinstance(lrs, (list, tuple)):
+        raise ConfigError(f"{where}.lrs must be a list of peak learning rates ([] = no search), got {lrs!r}")
+    for lr in lrs:
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < float("inf"):
+            raise ConfigError(f"{where}.lrs entries must be finite numbers > 0, got {lr!r} in {list(lrs)!r}")
+    if len({float(x) for x in lrs}) != len(lrs):
+        raise ConfigError(f"{where}.lrs repeats a learning rate: {list(lrs)!r}")
+    positive_int(f"{where}.lr_rounds", rounds)

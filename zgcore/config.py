@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from .checks import ConfigError, positive_int as _positive_int  # noqa: F401 (re-exported; validators below use the short name)
+from .checks import ConfigError, positive_int as _positive_int, validate_lr_search  # noqa: F401 (re-exported; validators below use the short name)
 from .defaults import DEFAULTS, DTYPES, INITS, KEEP_POLICIES, LOSS_NORMS, TARGETS, UNHASHED_TOP  # noqa: F401 (re-exported)
 from .distill_config import validate_distill
 
@@ -255,6 +255,7 @@ def validate_train(t: Mapping[str, Any], where: str) -> None:
         _positive_int(f"{where}: {k}", t[k])
     if float(t["epochs"]) == 0 and int(t["max_steps"]) == 0:
         raise ConfigError(f"{where}: set epochs > 0 or max_steps > 0")
+    validate_lr_search(f"{where}: train", t["lrs"], t["lr_rounds"])
 
 
 def block_train_config(cfg: Mapping[str, Any], i: int) -> dict[str, Any]:

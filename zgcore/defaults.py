@@ -27,6 +27,10 @@ DISTILL_DEFAULTS: dict[str, Any] = {
     **HEAL_DEFAULTS,
     "steps": 0,  # 0 = matched: as many student layer-token passes as the blockwise arm (zgcore.distill.e2e_steps)
     "lr": 3e-4,
+    # lr search of the end-to-end arms (zgcore.lr_search), each candidate at the arm's full budget, scored by held-out
+    # CE on the validation split: the first round's lrs ([] = no search, distill.lr) and the rounds at most
+    "lrs": [],
+    "lr_rounds": 4,
 }
 
 DEFAULTS: dict[str, Any] = {
@@ -68,6 +72,10 @@ DEFAULTS: dict[str, Any] = {
         "intermediate_size": None,  # None = the teacher's MLP width; narrower keeps the most active channels
         "init": "teacher",  # "teacher" (copy kept layers) or "random"
         "lr": 2e-3,  # AdamW peak; block-1 sweep on SmolLM2: 2e-4 < 5e-4 < 1e-3 < 2e-3 in recovered CE
+        # lr search per block (zgcore.lr_search), scored on the block's validation loss: the first round's lrs
+        # ([] = no search, train.lr); lr_rounds = rounds at most (refine around the best, extend past an edge)
+        "lrs": [],
+        "lr_rounds": 4,
         "epochs": 1.5,
         "max_steps": 0,  # 0 = epochs decide
         "batch_size": 4,  # more, smaller steps beat fewer large ones at this token budget

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from .checks import ConfigError, positive_int
+from .checks import ConfigError, positive_int, validate_lr_search
 
 
 def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
@@ -26,6 +26,21 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
         positive_int(f"{where}.{k}", h[k])
     for k in ("warmup_steps", "seed"):
         positive_int(f"{where}.{k}", h[k], zero_ok=True)
+    if "lrs" in h:
+        validate_lr_search(where, h["lrs"], h["lr_rounds"])
+
+
+def distill_hashed(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of an end-to-end distillation a result depends on: not ``checkpoint_every``;
+    without a search (``lrs`` empty or absent) not ``lrs``/``lr_rounds`` (so arms without one keep
+    their hashes); with one not ``lr`` (the search chooses it)."""
+    out = {k: v for k, v in dict(d).items() if k != "checkpoint_every"}
+    if out.get("lrs"):
+        out.pop("lr", None)
+    else:
+        out.pop("lrs", None)
+        out.pop("lr_rounds", None)
+    return out
 
 
 def check_one_width(blocks) -> None:

@@ -50,6 +50,8 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
       (neither ``keep="importance"`` nor a narrower MLP: see :func:`zgcore.students.needs_measure`);
     * ``ce_weight`` when 0, ``mtp_weight`` and ``mtp_n`` when ``mtp_weight`` is 0 (a term of
       weight 0 is not computed), so experiments without local auxiliary terms keep their hashes.
+    * ``lrs`` and ``lr_rounds`` without an lr search (``lrs`` empty), so blocks without one keep
+      their hashes; ``lr`` with one (the search chooses it).
 
     Raises ``KeyError`` for an unknown objective (validated earlier by ``zgcore.config``).
     """
@@ -65,6 +67,11 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
         out.pop("intermediate_size", None)
         if out.get("keep") != "importance":
             out.pop("importance_sequences", None)
+    if out.get("lrs"):
+        out.pop("lr", None)
+    else:
+        out.pop("lrs", None)
+        out.pop("lr_rounds", None)
     active = aux_active(out)
     if "ce" not in active:
         out.pop("ce_weight", None)
