@@ -8,9 +8,12 @@ from typing import Any
 
 import luigi
 
-from zgcore import corpus, distill as zdistill
+from zgcore import corpus, distill as zdistill, lr_search
 from zgcore.atomic import write_json, write_text
+from zgcore.distill_config import distill_hashed
+from zgcore.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 
+from . import search
 from .assemble import _StudentTask
 from .base import HIDDEN
 from .cache import TeacherBoundary
@@ -34,11 +37,29 @@ class DistillE2E(_DistillTask):
     kept layers, same initialisation), trained whole on the teacher's logits (and, with
     ``distill.hidden_weight`` > 0, its residual stream at every interior boundary) for as many
     student layer-token passes as the blockwise arm (:func:`zgcore.distill.e2e_steps`) unless
-    ``distill.steps`` is set. The teacher runs online; no boundary cache is needed."""
+    ``distill.steps`` is set; with ``heal`` (``steps`` > 0) as many as the blockwise arm plus that
+    healing stage, whatever ``distill.steps`` says (issue 19.4: "healing beats e2e" at equal
+    compute). The teacher runs online; no boundary cache is needed.
 
+    With ``distill.lrs`` (issue 19.3) the arm searches its lr (:mod:`zgcore.lr_search`): each
+    candidate is a DistillE2E at one lr (``candidate=True``), trained at this arm's full budget
+    and scored by held-out CE on the validation split (EvaluateStudent without context use),
+    yielded round by round as dynamic dependencies; this task's output is then a copy of the
+    chosen candidate's plus ``search.json`` (every lr searched, its CE, edge, diverged ones). A
+    candidate whose training diverges writes only ``diverged.json`` and loses."""
+
+    # 2: distill.lrs (the search), the heal-matched budget, diverged candidates recorded
+    code_version = 2
     distill = luigi.DictParameter(visibility=HIDDEN, description="the experiment's distill section")
+    heal = luigi.DictParameter(default={}, visibility=HIDDEN,
+                               description="with steps > 0: match the passes of blockwise training plus this healing stage")
+    candidate = luigi.BoolParameter(default=False, significant=False,
+                                    description="a candidate of an lr search: a divergence is recorded, not raised")
+    eval = luigi.DictParameter(default={}, visibility=HIDDEN, significant=False,
+                               description="the experiment's eval section: how search candidates are scored (with distill.lrs; hashed then)")
     section = "distill"
-    code_deps = _DistillTask.code_deps + ("zgcore.config:kept_layers", "zgcore.students", "zgcore.train:block_seed")
+    code_deps = _DistillTask.code_deps + ("zgcore.config:kept_layers", "zgcore.students", "zgcore.train:block_seed",
+                                          "zgcore.lr_search", "zgcore.distill_config:distill_hashed", "tasks.search")
 
     def requires(self):
         req = {"teacher": self.teacher_task(), "corpus": self.corpus_task()}
@@ -47,18 +68,74 @@ class DistillE2E(_DistillTask):
             req["importance"] = imp
         return req
 
+    def matches_heal(self) -> bool:
+        """Whether the budget covers a healing stage too (``heal.steps`` > 0)."""
+        return bool(int(dict(self.heal).get("steps", 0)))
+
     def own_config(self):
         from zgcore.train import effective_train
         from zgcore.hashing import canonical
 
-        return {"distill": heal_hashed(self.distill), "blocks": [effective_train(canonical(t)) for t in self.blocks],
-                "boundary": canonical(self.boundary)}
+        out = {"distill": distill_hashed(self.distill), "blocks": [effective_train(canonical(t)) for t in self.blocks],
+               "boundary": canonical(self.boundary)}
+        if self.matches_heal():
+            out["match_heal"] = {"steps": int(self.heal["steps"]), "batch_size": int(self.heal["batch_size"])}
+        if self.distill.get("lrs"):  # how the candidates are scored decides the choice
+            out["tune_eval"] = tune_eval(self.eval)
+        return out
 
     def label(self):
-        return f"e2e-T{self.distill['temperature']}-h{self.distill['hidden_weight']}"
+        lr = "-lrs" if self.distill.get("lrs") else f"-lr{float(self.distill['lr']):g}" if self.candidate else ""
+        return (f"e2e-T{self.distill['temperature']}-h{self.distill['hidden_weight']}{lr}"
+                + (f"-heal{int(self.heal['steps'])}" if self.matches_heal() else ""))
 
     def settings(self):
         return {**dict(self.distill), "steps": self._steps}
+
+    # -- the lr search
+    def candidate_task(self, lr: float) -> "DistillE2E":
+        """This arm at one peak lr, without a search."""
+        d = {**dict(self.distill), "lr": float(lr), "lrs": []}
+        return DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks, distill=d,
+                          heal=self.heal, candidate=True, outputs=self.outputs, device=self.device)
+
+    def _search(self):
+        if not self.eval:
+            raise ValueError("DistillE2E with distill.lrs needs the experiment's eval section (eval=...) to score candidates")
+
+        def make(lr):
+            c = self.candidate_task(lr)
+            return EvaluateStudent(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                                   distill=c.distill, heal=self.heal, candidate=True, eval=tune_eval(self.eval),
+                                   outputs=self.outputs, device=self.device)
+
+        def score(t):
+            e = json.loads((t.out_dir / "eval.json").read_text())
+            return {"score": e["ce"], "diverged": e.get("diverged")}
+        return [float(x) for x in self.distill["lrs"]], int(self.distill["lr_rounds"]), make, score
+
+
+    def dynamic_upstream(self) -> list:
+        """With a search: every candidate's evaluation that exists (read like static inputs)."""
+        return search.replay(*self._search())[2] if self.distill.get("lrs") else []
+
+    def run(self):
+        if self.distill.get("lrs"):
+            s, tasks = yield from search.run_search(*self._search(), who=f"DistillE2E {self.label()}",
+                                                    hint="lower distill.lrs")
+            best = self.candidate_task(s["best_lr"])
+            with self.building() as tmp:
+                search.copy_output(best.out_dir, tmp, ("model", "metrics.json", LOSS_LOG, FINAL_STATE))
+                write_json(tmp / "search.json", search.search_record(s, tasks))
+            self.log(f"chosen lr {s['best_lr']:g} ({lr_search.edge_note(s)}) of " + ", ".join(
+                f"{lr:g}: {'diverged' if ce is None else f'{ce:.4f}'}" for lr, ce in zip(s["lrs"], s["scores"])))
+            return
+        try:
+            super().run()
+        except NonFiniteError as e:
+            if not self.candidate:
+                raise
+            search.record_divergence(self, self.distill["lr"], e)
 
     def start_student(self, teacher):
         from zgcore.config import resolve_boundaries
@@ -69,12 +146,36 @@ class DistillE2E(_DistillTask):
         measured = json.loads((imp.out_dir / "importance.json").read_text()) if imp is not None else None
         student, pairs, passes = zdistill.initial_student(teacher, bounds, self.blocks, n_train, measured)
         layers = sum(n for _, _, n in passes)
-        matched = zdistill.e2e_steps(passes, layers, int(self.distill["batch_size"]))
-        self._steps = int(self.distill["steps"]) or matched
-        self.log(f"{self._steps} end-to-end steps of {self.distill['batch_size']} sequences through {layers} layers "
-                 f"(matched to the blockwise arm's {sum(s * b * n for s, b, n in passes)} layer-sequence passes: {matched})")
+        bs = int(self.distill["batch_size"])
+        matched = zdistill.e2e_steps(passes, layers, bs)
+        if self.matches_heal():  # blockwise + healing: the healing stage trains all `layers` layers
+            heal_pass = (int(self.heal["steps"]), int(self.heal["batch_size"]), layers)
+            self._steps = zdistill.e2e_steps(list(passes) + [heal_pass], layers, bs)
+            what = f"blockwise + healing ({heal_pass[0]} steps of {heal_pass[1]})"
+        else:
+            self._steps = int(self.distill["steps"]) or matched
+            what = "blockwise"
+        self.log(f"{self._steps} end-to-end steps of {bs} sequences through {layers} layers "
+                 f"(matched to the {what} arm's passes; blockwise alone: {matched})")
         return student.train(), pairs, {"matched_steps": matched, "student_layers": layers, "block_passes": passes,
-                                        "pairs": pairs}
+                                        "pairs": pairs, "lr": float(self.distill["lr"]),
+                                        "budget": "blockwise+heal" if self.matches_heal() else "blockwise"}
+
+
+def arm_lr(task, configured: float) -> dict:
+    """The lr a finished training task (TrainBlock, DistillE2E) trained at: ``{"lr"}`` as
+    configured, or, where it searched (``search.json``), ``{"lr", "search"}`` with the search's
+    record (every lr searched, its score, ``at_edge``, ``converged``, ``diverged``)."""
+    path = task.out_dir / "search.json"
+    if not path.exists():
+        return {"lr": float(configured)}
+    s = json.loads(path.read_text())
+    return {"lr": s["best_lr"], "search": s}
+
+
+def tune_eval(ev) -> dict:
+    """How an lr search's candidates are scored: the experiment's eval settings without context use."""
+    return {**dict(ev), "context_sequences": 0}
 
 
 def importance_task(task):
@@ -97,22 +198,28 @@ def zdistill_layers(model):
 
 class EvaluateStudent(_StudentTask):
     """Held-out CE (nats/token) and context use of one trained student folder (the end-to-end arm);
-    writes ``eval.json``."""
+    writes ``eval.json`` (``{"ce": null, "diverged": {...}}`` for a diverged search candidate)."""
+
+    # 2: labelled by its arm; the heal-matched arm; diverged candidates
+    code_version = 2
 
     eval = luigi.DictParameter(visibility=HIDDEN)
     distill = luigi.DictParameter(visibility=HIDDEN)
-    code_deps = ("zgcore.metrics:cross_entropy", "zgcore.metrics:context_use")
+    heal = luigi.DictParameter(default={}, visibility=HIDDEN, description="DistillE2E's heal (budget matching)")
+    candidate = luigi.BoolParameter(default=False, significant=False, description="DistillE2E's candidate flag")
+    code_deps = ("zgcore.metrics:cross_entropy", "zgcore.metrics:context_use", "tasks.search:diverged")
 
     def requires(self):
         return {"model": DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                    distill=self.distill, outputs=self.outputs, device=self.device),
+                                    distill=self.distill, heal=self.heal, candidate=self.candidate, eval=self.eval,
+                                    outputs=self.outputs, device=self.device),
                 "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
 
     def own_config(self):
         return {"eval": self.eval}
 
     def label(self):
-        return "e2e-eval"
+        return self.requires()["model"].label() + "-eval"
 
     def run(self):
         import torch
@@ -120,6 +227,12 @@ class EvaluateStudent(_StudentTask):
 
         from zgcore import metrics
 
+        div = search.diverged(self.requires()["model"])
+        if div is not None:  # only a search candidate records a divergence: it has no CE and loses
+            with self.building() as tmp:
+                write_json(tmp / "eval.json", {"ce": None, "diverged": div, "context_use": None})
+            self.log(f"lr {div['lr']:g} diverged ({div['what']} at step {div['step']}): no CE")
+            return
         val = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "val")
         if int(self.eval["max_sequences"]):
             val = val[: int(self.eval["max_sequences"])]
@@ -133,29 +246,35 @@ class EvaluateStudent(_StudentTask):
 
 
 class DistillStudyReport(_StudentTask):
-    """Blockwise vs end-to-end vs blockwise + healing, side by side (``report.json``, ``report.md``).
-    Arms (a) and (c) are the experiment's own Evaluate tasks (without and with ``heal``), so a
-    finished experiment's blocks are reused."""
+    """Blockwise vs end-to-end vs blockwise + healing vs end-to-end at the blockwise + healing
+    budget, side by side (``report.json``, ``report.md``): each arm's held-out CE beside the
+    student layer-token passes it spent, and the lr it trained at (and, where searched, what was
+    searched and whether the choice sits at an edge). Arms (a) and (c) are the experiment's own
+    Evaluate tasks (without and with ``heal``), so a finished experiment's blocks are reused."""
 
     # 2: the report takes its gap and gates from zgcore.report (commit 3d0ea91)
-    code_version = 2
+    # 3: arm (d) end to end at the blockwise + healing budget; each arm's lr and lr search
+    code_version = 3
     uses_device = False  # reads the arms' results only
     eval = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(visibility=HIDDEN)
     distill = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="distill-study", significant=False)
-    code_deps = ("zgcore.distill_report", "zgcore.report", "zgcore.markdown")
+    code_deps = ("zgcore.distill_report", "zgcore.report", "zgcore.markdown", "tasks.distill:arm_lr")
 
     def requires(self):
-        """The three arms' evaluations and every output the report reads besides them: the
-        end-to-end model's and the healing stage's metrics, and (cached targets) the cache's manifest."""
+        """The four arms' evaluations and every output the report reads besides them: the
+        end-to-end models' and the healing stage's metrics, the blocks' (lr searches), and
+        (cached targets) the cache's manifest."""
         kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
                   outputs=self.outputs, device=self.device)
         req = {"blockwise": Evaluate(eval=self.eval, name=self.name, **kw),
                "e2e": EvaluateStudent(eval=self.eval, distill=self.distill, **kw),
                "healed": Evaluate(eval=self.eval, heal=self.heal, name=self.name, **kw),
-               "e2e_model": DistillE2E(distill=self.distill, **kw),
-               "heal": Heal(heal=self.heal, **kw)}
+               "e2e_healed": EvaluateStudent(eval=self.eval, distill=self.distill, heal=self.heal, **kw),
+               "e2e_model": DistillE2E(distill=self.distill, eval=self.eval, **kw),
+               "e2e_healed_model": DistillE2E(distill=self.distill, heal=self.heal, eval=self.eval, **kw),
+               "heal": Heal(heal=self.heal, **kw), "blocks": self.block_tasks()}
         if any(t["targets"] == "cached" for t in self.blocks):
             req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
                                            outputs=self.outputs, device=self.device)
@@ -167,14 +286,23 @@ class DistillStudyReport(_StudentTask):
     def label(self):
         return "distill-study"
 
+    def _e2e_arm(self, name, ev_task, model_task, ce_u, ce_t, t_cu, g, seq):
+        from zgcore import distill_report
+
+        b = json.loads((ev_task.out_dir / "eval.json").read_text())
+        m = read_metrics(model_task)
+        return distill_report.arm(name, b["ce"], ce_u, ce_t,
+                                  {"teacher": t_cu, "student": b["context_use"]} if t_cu and b["context_use"] else None,
+                                  *g, [[{"task": "DistillE2E", "seconds": m["seconds"], "peak_rss_mib": m["peak_rss_mib"]}]],
+                                  m["steps"] * int(self.distill["batch_size"]) * seq * m["student_layers"],
+                                  lrs={"e2e": arm_lr(model_task, float(self.distill["lr"]))})
+
     def run(self):
         from zgcore import distill_report
 
         req = self.requires()
         a = json.loads((req["blockwise"].out_dir / "report.json").read_text())
         c = json.loads((req["healed"].out_dir / "report.json").read_text())
-        b = json.loads((req["e2e"].out_dir / "eval.json").read_text())
-        e2e = read_metrics(req["e2e_model"])
         heal = read_metrics(req["heal"])
         blocks = [{"task": f"TrainBlock {m['block']}", "seconds": m["seconds"], "peak_rss_mib": m.get("peak_rss_mib")}
                   for m in a["blocks"]]
@@ -186,21 +314,26 @@ class DistillStudyReport(_StudentTask):
         stages.append(blocks)
         seq = int(a["seq_len"])
         block_passes = sum(m["steps"] * int(t["batch_size"]) * len(m["kept"]) for m, t in zip(a["blocks"], self.blocks)) * seq
+        e2e = read_metrics(req["e2e_model"])
         L = e2e["student_layers"]
         heal_stage = [{"task": "Heal", "seconds": heal["seconds"], "peak_rss_mib": heal["peak_rss_mib"]}]
         ce_u, ce_t = a["cross_entropy"]["untrained"], a["cross_entropy"]["teacher"]
         g = (float(self.eval["gate_gap"]), float(self.eval["gate_context"]))
         t_cu = (a.get("context_use") or {}).get("teacher")
+        blr = [arm_lr(t, float(t.train.get("lr", 0))) for t in req["blocks"]]
         arms = [
-            distill_report.arm("blockwise", a["cross_entropy"]["student"], ce_u, ce_t, a.get("context_use"), *g, stages, block_passes),
-            distill_report.arm("e2e", b["ce"], ce_u, ce_t, {"teacher": t_cu, "student": b["context_use"]} if t_cu and b["context_use"] else None,
-                               *g, [[{"task": "DistillE2E", "seconds": e2e["seconds"], "peak_rss_mib": e2e["peak_rss_mib"]}]],
-                               e2e["steps"] * int(self.distill["batch_size"]) * seq * L),
+            distill_report.arm("blockwise", a["cross_entropy"]["student"], ce_u, ce_t, a.get("context_use"), *g, stages,
+                               block_passes, lrs={f"block {i}": x for i, x in enumerate(blr)}),
+            self._e2e_arm("e2e", req["e2e"], req["e2e_model"], ce_u, ce_t, t_cu, g, seq),
             distill_report.arm("healed", c["cross_entropy"]["student"], ce_u, ce_t, c.get("context_use"), *g, stages + [heal_stage],
-                               block_passes + heal["steps"] * int(self.heal["batch_size"]) * seq * L),
+                               block_passes + heal["steps"] * int(self.heal["batch_size"]) * seq * L,
+                               lrs={**{f"block {i}": x for i, x in enumerate(blr)}, "heal": {"lr": float(self.heal["lr"])}}),
+            self._e2e_arm("e2e_healed", req["e2e_healed"], req["e2e_healed_model"], ce_u, ce_t, t_cu, g, seq),
         ]
+        e2e_h = read_metrics(req["e2e_healed_model"])
         rep = {"name": self.name, "teacher": self.teacher, "ce_teacher": ce_t, "ce_untrained": ce_u, "arms": arms,
                "student_layers": L, "val_tokens": a["val_tokens"], "e2e_steps": e2e["steps"],
+               "e2e_healed_steps": e2e_h["steps"], "heal_steps": int(self.heal["steps"]),
                "e2e_batch": int(self.distill["batch_size"]), "matched_steps": e2e["matched_steps"],
                "reports": {"blockwise": str(req["blockwise"].out_dir), "healed": str(req["healed"].out_dir)}}
         with self.building() as tmp:

@@ -26,10 +26,18 @@ def test_distill_study_reuses_the_experiment_and_matches_the_budget(tmp_path, ru
     families = [f for f, _ in ran]
     # the blockwise arm, its cache and the healed arm were already done: only the new arm and the report run
     assert "TrainBlock" not in families and "TeacherBoundary" not in families and "Heal" not in families
-    assert sorted(families) == ["DistillE2E", "DistillStudyReport", "EvaluateStudent"]
+    assert sorted(families) == ["DistillE2E", "DistillE2E", "DistillStudyReport", "EvaluateStudent", "EvaluateStudent"]
     rep = json.loads((study.out_dir / "report.json").read_text())
     arms = {a["name"]: a for a in rep["arms"]}
-    assert set(arms) == {"blockwise", "e2e", "healed"}
+    assert set(arms) == {"blockwise", "e2e", "healed", "e2e_healed"}
+    # (d): blockwise + healing passes, 48 + 3 steps x 2 sequences x 2 layers = 60 layer-sequence passes, in
+    # ceil(60 / (4 x 2)) = 8 end-to-end steps (issue 19.4: healing against end to end at equal compute)
+    assert rep["e2e_healed_steps"] == 8 and arms["e2e_healed"]["passes"] == 8 * 4 * 2 * 32
+    assert 0 <= arms["e2e_healed"]["passes"] - arms["healed"]["passes"] < 4 * 2 * 32
+    # every arm states its lr (none searched here)
+    assert arms["e2e"]["lrs"] == arms["e2e_healed"]["lrs"] == {"e2e": {"lr": 1e-3}}
+    assert arms["blockwise"]["lrs"] == {"block 0": {"lr": 1e-3}, "block 1": {"lr": 1e-3}}
+    assert arms["healed"]["lrs"] == {**arms["blockwise"]["lrs"], "heal": {"lr": 1e-3}}
     # 2 blocks x 6 steps x 4 sequences x 1 layer = 48 layer-sequence passes = 6 e2e steps x 4 x 2 layers
     assert rep["e2e_steps"] == rep["matched_steps"] == 6 and rep["student_layers"] == 2
     assert arms["e2e"]["passes"] == arms["blockwise"]["passes"] == 48 * 32
@@ -41,7 +49,7 @@ def test_distill_study_reuses_the_experiment_and_matches_the_budget(tmp_path, ru
     ev = json.loads((study.requires()["blockwise"].out_dir / "report.json").read_text())
     assert arms["blockwise"]["ce"] == ev["cross_entropy"]["student"]
     md = (study.out_dir / "report.md").read_text()
-    assert "(b) end-to-end distillation" in md and "layer-token pass" in md
+    assert "(b) end-to-end distillation" in md and "layer-token pass" in md and "(d) end-to-end, (c)'s budget" in md
     # the e2e arm trained with the hidden-state term at the one interior boundary
     e2e = study.requires()["e2e"].requires()["model"]
     m = json.loads((e2e.out_dir / "metrics.json").read_text())

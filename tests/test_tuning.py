@@ -77,3 +77,33 @@ def test_a_study_fails_when_every_candidate_diverges(tmp_path):
     proc = _luigi(tmp_path, "study.K=[1] study.lrs=[1e8,1e9] study.lr_rounds=1")
     assert proc.returncode != 0
     assert "every learning rate of [100000000.0, 1000000000.0] diverged" in proc.stdout + proc.stderr
+
+
+def test_distill_study_searches_the_end_to_end_arms_lr_and_survives_divergence(tmp_path, run_graph):
+    """19.3 / 20.5 in the distillation study: distill.lrs searches both end-to-end arms (b) and (d)
+    at their own full budgets; a diverging lr loses and is listed; the report states each arm's lr."""
+    from workflows import load_config
+    from workflows.distill import build_distill_study
+
+    cfg = load_config("", "distill.lrs=[1e-3,1e9] distill.lr_rounds=2", "distill_tiny")
+    study = build_distill_study(cfg, str(tmp_path))
+    ok, ran = run_graph(study)
+    assert ok
+    rep = json.loads((study.out_dir / "report.json").read_text())
+    arms = {a["name"]: a for a in rep["arms"]}
+    for name in ("e2e", "e2e_healed"):
+        s = arms[name]["lrs"]["e2e"]["search"]
+        assert s["grid"] == [1e-3, 1e9] and s["rounds"] == 2 and arms[name]["lrs"]["e2e"]["lr"] == s["best_lr"]
+        # round 2: one step below the best (1e-3 at the low edge) and 4x towards the far, diverged 1e9
+        assert s["lrs"] == [2.5e-4, 1e-3, 4e-3, 1e9] and s["scores"][-1] is None
+        assert [d["lr"] for d in s["diverged"]] == [1e9] and s["diverged"][0]["step"] >= 1
+        finite = [(sc, lr) for lr, sc in zip(s["lrs"], s["scores"]) if sc is not None]
+        assert s["best_lr"] == min(finite)[1]
+    # the arm's model is its chosen candidate's, bit for bit
+    model = study.requires()["e2e_model"]
+    best = model.candidate_task(arms["e2e"]["lrs"]["e2e"]["lr"])
+    assert (model.out_dir / "model" / "model.safetensors").read_bytes() == (best.out_dir / "model" / "model.safetensors").read_bytes()
+    md = (study.out_dir / "report.md").read_text()
+    assert "Learning-rate searches" in md and "diverged: 1e+09" in md and "(searched, " in md
+    # blocks were not searched: their configured lr is stated
+    assert arms["blockwise"]["lrs"] == {"block 0": {"lr": 1e-3}, "block 1": {"lr": 1e-3}}

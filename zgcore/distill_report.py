@@ -5,20 +5,25 @@ tasks could run at once, and the student layer-token passes each arm spent.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Mapping, Sequence
 
 from . import report as zreport
 from .markdown import num, table
 
-ARMS = {"blockwise": "(a) ZeroGraph blockwise", "e2e": "(b) end-to-end distillation", "healed": "(c) blockwise + healing"}
+ARMS = {"blockwise": "(a) ZeroGraph blockwise", "e2e": "(b) end-to-end distillation", "healed": "(c) blockwise + healing",
+        "e2e_healed": "(d) end-to-end, (c)'s budget"}
 MATCHING = ("Budget matching: a student layer-token pass is one token's forward and backward through one student "
             "layer. Blockwise block i spends steps_i x batch_i x seq_len x layers_i of them; an end-to-end step spends "
             "batch x seq_len x L (L = all student layers). The end-to-end arm gets ceil(sum_i steps_i x batch_i x "
-            "layers_i / (batch x L)) steps (unless distill.steps is set), on the same training split.")
+            "layers_i / (batch x L)) steps (unless distill.steps is set), on the same training split. Arm (d) is the same "
+            "end-to-end training with the passes of (c): blockwise plus healing (heal.steps x heal.batch x seq_len x L), so "
+            "(c) against (d) asks whether healing beats end-to-end distillation at equal compute.")
 
 
 def arm(name: str, ce: float, ce_untrained: float, ce_teacher: float, context_use: Mapping[str, Any] | None,
-        gate_gap: float, gate_context: float, stages: Sequence[Sequence[Mapping[str, Any]]], passes: int) -> dict[str, Any]:
+        gate_gap: float, gate_context: float, stages: Sequence[Sequence[Mapping[str, Any]]], passes: int,
+        lrs: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """One arm's row.
 
     Args:
@@ -28,12 +33,14 @@ def arm(name: str, ce: float, ce_untrained: float, ce_teacher: float, context_us
         stages: the arm's tasks in dependency order, grouped by stage; the tasks of a stage could
             run at the same time. Each task: ``{"task", "seconds", "peak_rss_mib"}``.
         passes: student layer-token forward/backward passes spent.
+        lrs: the peak lr of each trained part (``{"block 0": {"lr", "search"?}, "heal": {"lr"}}``;
+            ``search``: the record of an lr search, :func:`zgcore.lr_search.summary` with ``grid``).
 
     Returns:
         ``name``, ``label``, ``ce``, ``gap_recovered``, ``context_ratio``, ``gates`` (as
         :func:`zgcore.report.gates`), ``serial_seconds`` (one worker), ``critical_seconds`` (each
         stage as long as its longest task: enough workers), ``peak_rss_mib`` and ``peak_task`` (the
-        largest single task), ``max_parallel`` (tasks in the widest stage), ``tasks``, ``passes``.
+        largest single task), ``max_parallel`` (tasks in the widest stage), ``tasks``, ``passes``, ``lrs``.
     """
     gap, reason = zreport.gap_recovered(ce_untrained, ce, ce_teacher)
     g = zreport.gates({"gap_recovered": gap, "gap_reason": reason, "context_use": context_use,
@@ -46,23 +53,61 @@ def arm(name: str, ce: float, ce_untrained: float, ce_teacher: float, context_us
             "serial_seconds": sum(t["seconds"] for t in tasks),
             "critical_seconds": sum(max(t["seconds"] for t in s) for s in stages),
             "peak_rss_mib": peak.get("peak_rss_mib"), "peak_task": peak["task"],
-            "max_parallel": max(len(s) for s in stages), "tasks": len(tasks), "passes": passes}
+            "max_parallel": max(len(s) for s in stages), "tasks": len(tasks), "passes": passes, "lrs": dict(lrs or {})}
+
+
+def lr_text(lrs: Mapping[str, Mapping[str, Any]]) -> str:
+    """``block 0: 2e-3 (searched, interior); heal: 1e-4`` — each part's lr, marked where searched."""
+    out = []
+    for part, v in lrs.items():
+        s = v.get("search")
+        where = "" if not s else " (searched, at an edge)" if s["at_edge"] else " (searched, interior)"
+        out.append(f"{part}: {v['lr']:g}{where}")
+    return "; ".join(out) or "—"
+
+
+def search_lines(report: Mapping[str, Any]) -> list[str]:
+    """One line per searched part: every lr tried with its score, the choice and where it sits."""
+    from .lr_search import edge_note
+
+    lines, seen = [], set()
+    for a in report["arms"]:
+        for part, v in (a.get("lrs") or {}).items():
+            s = v.get("search")
+            if not s or (part, json_key(s)) in seen:
+                continue
+            seen.add((part, json_key(s)))
+            tried = ", ".join(f"{lr:g}: {'diverged' if sc is None else num(sc)}" for lr, sc in zip(s["lrs"], s["scores"]))
+            lines.append(f"- {a['label']}, {part}: chosen **{s['best_lr']:g}** ({edge_note(s)}); searched {tried}"
+                         + ("; diverged: " + ", ".join(f"{d['lr']:g}" for d in s["diverged"]) if s["diverged"] else ""))
+    return lines
+
+
+def json_key(obj: Any) -> str:
+    """A hashable key of a JSON value."""
+    return json.dumps(obj, sort_keys=True)
 
 
 def markdown(report: Mapping[str, Any]) -> str:
-    """The study report as Markdown (one table, the budget matching, the reference CEs)."""
+    """The study report as Markdown (one table: each arm's CE beside its passes and lrs; the budget
+    matching, the lr searches, the reference CEs)."""
     rows = []
     for a in report["arms"]:
-        rows.append([a["label"], num(a["ce"]), zreport.gap_text(a["gap_recovered"], a.get("gap_reason")), num(a["context_ratio"], ".2f"),
+        rows.append([a["label"], num(a["ce"]), f"{a['passes']:,}", lr_text(a.get("lrs") or {}),
+                     zreport.gap_text(a["gap_recovered"], a.get("gap_reason")), num(a["context_ratio"], ".2f"),
                      zreport.gate_text(a["gates"]), num(a["serial_seconds"], ".1f"), num(a["critical_seconds"], ".1f"),
-                     f"{num(a['peak_rss_mib'], '.0f')} ({a['peak_task']})", f"{a['max_parallel']} of {a['tasks']}",
-                     f"{a['passes']:,}"])
-    head = ["arm", "held-out CE", "gap recovered", "context use (x teacher)", "gates", "wall s (1 worker)",
-            "wall s (enough workers)", "peak RSS MiB (task)", "tasks at once", "layer-token passes"]
+                     f"{num(a['peak_rss_mib'], '.0f')} ({a['peak_task']})", f"{a['max_parallel']} of {a['tasks']}"])
+    head = ["arm", "held-out CE", "layer-token passes", "peak lr", "gap recovered", "context use (x teacher)", "gates",
+            "wall s (1 worker)", "wall s (enough workers)", "peak RSS MiB (task)", "tasks at once"]
+    searched = search_lines(report)
+    search = ("\n\nLearning-rate searches (zgcore.lr_search; each candidate at its arm's full budget; blocks scored "
+              "by their validation loss, end-to-end arms by held-out CE on the validation split — the split the table's "
+              "CE is measured on):\n\n" + "\n".join(searched)) if searched else ""
     return (f"# Distillation study: {report['name']}\n\nTeacher `{report['teacher']}`; held-out CE (nats/token) of the "
             f"teacher {num(report['ce_teacher'])}, of the untrained student {num(report['ce_untrained'])} "
             f"({report['student_layers']} of the teacher's layers); {report['val_tokens']:,} held-out tokens.\n\n"
             + table(head, rows) + "\n\n" + MATCHING + f" Here: {report['e2e_steps']} end-to-end steps of "
-            f"{report['e2e_batch']} sequences.\n\nWall times are the tasks' own measured training (and, for (a) and (c), "
+            f"{report['e2e_batch']} sequences for (b), {report.get('e2e_healed_steps', '—')} for (d)." + search
+            + "\n\nWall times are the tasks' own measured training (and, for (a) and (c), "
             "cache-building) times; assembling and evaluating are left out. Peak RSS is each task's own peak "
             "resident memory (the kernel's high-water mark reset at the task's start).\n")
