@@ -43,13 +43,14 @@ from .config import (AUX_HEADS, EXECUTIONS, LOCAL_DEFAULTS, MTP_CHOICES, UNHASHE
 from .data import UNK, holdout_split, model_splits, parse_vocab, remap, top_ids, vocab_ids
 from .model import (AuxHead, LocalLM, ResidualMLP, TransformerTrunk, build_local, llama_config, load_local, mtp_targets,
                     save_local, shifted_ce)
-from .report import choose_lr, paper_findings, plot_gap_vs_k, report_markdown, study_report
+from .report import (choose_lr, paper_findings, planned_tokens_per_parameter, plot_gap_vs_k, report_markdown, study_report,
+                     tokens_per_parameter)
 from .training import (STEPS, batch_indices, evaluate_local, measure_activation_memory, step_per_block, step_together,
                        train_local)
 
 __all__ = ["AUX_HEADS", "EXECUTIONS", "LOCAL_DEFAULTS", "MTP_CHOICES", "UNHASHED_TOP", "UNK", "VOCABS", "AuxHead",
            "LocalLM", "ResidualMLP", "STEPS", "SavedTensorMeter", "TransformerTrunk", "batch_indices", "boundaries",
-           "build_local", "choose_lr", "data_order", "evaluate_local", "expand_study", "holdout_split", "llama_config",
+           "build_local", "choose_lr", "planned_tokens_per_parameter", "tokens_per_parameter", "data_order", "evaluate_local", "expand_study", "holdout_split", "llama_config",
            "load_local", "lr_at", "measure_activation_memory", "model_splits", "mtp_boundaries_for", "mtp_targets",
            "normalise_run", "paper_findings", "parse_vocab", "plot_gap_vs_k", "remap", "report_markdown",
            "resolve_local", "save_local", "shifted_ce", "step_per_block", "step_together", "steps_for", "study_lrs",

@@ -12,6 +12,41 @@ from ..markdown import num, table
 NOT_MEASURED, REPRODUCED, NOT_REPRODUCED = "not measured", "reproduced", "not reproduced"
 
 
+def tokens_per_parameter(parameters: int | None, vocab_size: int | None, hidden_size: int, tokens: int) -> dict[str, Any]:
+    """Training tokens per non-embedding parameter, as every local-learning report states it.
+
+    Args:
+        parameters: all parameters of the K=1 model (``sum(p.numel())``; aux heads not counted).
+        vocab_size: the model's vocabulary (rows of the input embedding and of the untied LM head).
+        hidden_size: the model width. tokens: training tokens per configuration.
+
+    Returns:
+        ``{"non_embedding_parameters": parameters - 2 x vocab_size x hidden_size, "tokens",
+        "ratio"}`` (``None`` where a count is missing).
+    """
+    non_emb = None if parameters is None or vocab_size is None else int(parameters) - 2 * int(vocab_size) * int(hidden_size)
+    return {"non_embedding_parameters": non_emb, "tokens": int(tokens), "ratio": None if not non_emb else int(tokens) / non_emb}
+
+
+def planned_tokens_per_parameter(cfg: Mapping[str, Any], vocab_size: int = 1024) -> dict[str, Any]:
+    """:func:`tokens_per_parameter` of a resolved study config before anything runs: the K=1
+    model is built on PyTorch's ``meta`` device (shapes only, no memory) by the same
+    :func:`~zgcore.local.model.build_local` the training uses, with ``vocab_size`` rows (the
+    ratio does not depend on it: the embedding and head are subtracted) and ``train.token_budget``
+    floored to whole batches (as :func:`~zgcore.local.config.steps_for` trains it)."""
+    import torch
+
+    from .config import expand_study, steps_for
+    from .model import build_local
+
+    run = next(c["run"] for c in expand_study(cfg) if c["K"] == 1)
+    seq = int(cfg["corpus"]["seq_len"])
+    with torch.device("meta"):
+        lm = build_local(run, int(vocab_size), seq, "meta")
+    tokens = steps_for(run["train"], seq) * int(run["train"]["batch_size"]) * seq
+    return tokens_per_parameter(sum(p.numel() for p in lm.model.parameters()), vocab_size, int(run["model"]["hidden_size"]), tokens)
+
+
 def _find(rows: Sequence[Mapping[str, Any]], k: int, aux: str | None = None, mtp: Sequence[int] | None = None):
     return [r for r in rows if r["K"] == k and (aux is None or r["aux"] == aux)
             and (mtp is None or list(r["mtp_boundaries"]) == list(mtp))]
@@ -106,7 +141,7 @@ def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[st
     t0 = results[0]["train"]
     model = cells[0]["run"]["model"]
     total, vocab = base[0]["train"].get("parameters"), t0.get("vocab_size")
-    non_emb = None if total is None or vocab is None else int(total) - 2 * int(vocab) * int(model["hidden_size"])
+    tpp = tokens_per_parameter(total, vocab, int(model["hidden_size"]), t0["tokens"])
     ch = [r["choice"] for r in results if "choice" in r]
     sweep = None if not ch else {"grid": ch[0]["grid"], "max_rounds": ch[0]["max_rounds"],
                                  "tune_fraction": ch[0]["tune_fraction"],
@@ -116,8 +151,7 @@ def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[st
             "vocab_size": vocab, "model_parameters": total,
             "token_budget": {"tokens": t0["tokens"], "steps": t0["steps"], "batch_size": cells[0]["run"]["train"]["batch_size"],
                              "tokens_sha256": t0["tokens_sha256"], "matched": True},
-            "tokens_per_parameter": {"non_embedding_parameters": non_emb, "tokens": t0["tokens"],
-                                     "ratio": None if not non_emb else t0["tokens"] / non_emb},
+            "tokens_per_parameter": tpp,
             "sweep": sweep, "val_tokens": results[0]["eval"]["val_tokens"], "e2e_ce": e2e, "rows": rows,
             "max_memory_ratio": max(r["memory_ratio"] for r in rows), "findings": paper_findings(rows)}
 
