@@ -18,7 +18,7 @@ from .assemble import _StudentTask
 from .base import HIDDEN
 from .cache import TeacherBoundary
 from .evaluate import Evaluate
-from .heal import Heal, _DistillTask, heal_hashed
+from .heal import Heal, _DistillTask
 from .teacher import PrepareCorpus
 
 
