@@ -9,13 +9,15 @@ import json
 
 import luigi
 
-from zgcore import boundary_store, corpus, students, teacher as zteacher, train as ztrain
+from zgcore import boundary_store, corpus, lr_search, students, teacher as zteacher, train as ztrain
 from zgcore.adapters import build_block, head_logits, head_only
 from zgcore.atomic import write_json
 from zgcore.config import kept_layers, resolve_boundaries
 from zgcore.hashing import canonical
+from zgcore.loop import NonFiniteError
 from zgcore.memory import PeakRSS
 
+from . import search
 from .base import HIDDEN
 from .cache import TeacherBoundary, cache_settings
 from .teacher import PrepareCorpus, _TeacherTask, teacher_record
@@ -25,18 +27,21 @@ from .work import Resumable
 class TrainBlock(Resumable, _TeacherTask):
     """Train student block ``block`` (teacher layers [b_i, b_{i+1})) on boundary i → i+1.
 
-    Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``."""
+    Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``.
+    With ``train.lrs`` (issue 19.3) it searches its peak lr (:mod:`zgcore.lr_search`; see :meth:`run`)."""
 
     # 2: online targets come from load_base, which now runs each family with its own attention implementation
     code_version = 2
     code_deps = ("zgcore.train", "zgcore.loop", "zgcore.objectives", "zgcore.adapters", "zgcore.boundary_store",
                  "zgcore.device", "zgcore.teacher_weights", "zgcore.students", "zgcore.channels", "zgcore.config:kept_layers",
-                 "zgcore.config:resolve_boundaries")
+                 "zgcore.config:resolve_boundaries", "zgcore.lr_search", "tasks.search")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
     block = luigi.IntParameter()
     train = luigi.DictParameter(visibility=HIDDEN, description="this block's resolved train settings")
+    candidate = luigi.BoolParameter(default=False, significant=False,
+                                    description="a candidate of an lr search: a divergence is recorded, not raised")
 
     def requires(self):
         req = self.data_requires()
@@ -66,9 +71,55 @@ class TrainBlock(Resumable, _TeacherTask):
         return {"block": self.block, "train": t}
 
     def label(self):
-        return f"block{self.block}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}"
+        lr = "-lrs" if self.train.get("lrs") else f"-lr{float(self.train['lr']):g}" if self.candidate else ""
+        return f"block{self.block}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}{lr}"
+
+    # -- the lr search (train.lrs)
+    def candidate_task(self, lr: float) -> "TrainBlock":
+        """This block at one peak lr, without a search."""
+        return TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
+                          train={**dict(self.train), "lr": float(lr), "lrs": []}, candidate=True,
+                          outputs=self.outputs, device=self.device)
+
+    def _search(self):
+        def make(lr):
+            c = self.candidate_task(lr)
+            return ScoreBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
+                              train=c.train, outputs=self.outputs, device=self.device)
+
+        def score(t):
+            e = json.loads((t.out_dir / "score.json").read_text())
+            return {"score": e["val_loss"], "diverged": e.get("diverged")}
+        return [float(x) for x in self.train["lrs"]], int(self.train["lr_rounds"]), make, score
+
+    def dynamic_upstream(self) -> list:
+        """With a search: every candidate's score that exists (read like static inputs)."""
+        return search.replay(*self._search())[2] if self.train.get("lrs") else []
 
     def run(self):
+        """Train the block; with ``train.lrs``, search its lr instead (each candidate a TrainBlock
+        of its own, scored by :class:`ScoreBlock`) and keep a copy of the chosen candidate's output
+        plus ``search.json``. A candidate whose training diverges writes only ``diverged.json``."""
+        if self.train.get("lrs"):
+            s, tasks = yield from search.run_search(*self._search(), who=f"TrainBlock {self.label()}",
+                                                    hint=f"lower train.lrs (or blocks.{self.block}.lrs)")
+            best = self.candidate_task(s["best_lr"])
+            with self.building() as tmp:
+                search.copy_output(best.out_dir, tmp, ("block.safetensors", "init.safetensors", "metrics.json",
+                                                       ztrain.LOSS_LOG, ztrain.FINAL_STATE))
+                write_json(tmp / "search.json", search.search_record(s, tasks))
+            self.log(f"chosen lr {s['best_lr']:g} ({lr_search.edge_note(s)}) of " + ", ".join(
+                f"{lr:g}: {'diverged' if v is None else f'{v:.4f}'}" for lr, v in zip(s["lrs"], s["scores"])))
+            return
+        try:
+            self.train_once()
+        except NonFiniteError as e:
+            if not self.candidate:
+                raise
+            search.record_divergence(self, self.train["lr"], e)
+
+    def train_once(self):
+        """Train the block at ``train.lr`` and write its output."""
         from zgcore.device import resolve
         from zgcore.teacher_weights import layer_source, load_base
 
@@ -114,6 +165,66 @@ class TrainBlock(Resumable, _TeacherTask):
                                               if measured else None, "peak_rss_mib": rss.stop()})
         self.drop_work()
         self.log(f"trained {m['steps']} steps in {m['seconds']:.1f} s; final loss {m['final_loss']:.4f}")
+
+
+class ScoreBlock(_TeacherTask):
+    """The validation loss of one trained candidate block of an lr search
+    (:func:`zgcore.train.val_loss`: the block's regression loss on the boundary store's validation
+    split, or, with online targets, on the teacher's boundaries of the validation tokens); writes
+    ``score.json`` ``{"val_loss", "sequences"}`` or, for a diverged candidate, ``{"val_loss": null,
+    "diverged": {...}}``."""
+
+    code_deps = ("zgcore.train:val_loss", "zgcore.objectives:regression_loss", "zgcore.boundary_store",
+                 "zgcore.teacher_weights", "tasks.blocks:load_blocks", "tasks.search:diverged")
+
+    corpus = luigi.DictParameter(visibility=HIDDEN)
+    boundary = luigi.DictParameter(visibility=HIDDEN)
+    block = luigi.IntParameter()
+    train = luigi.DictParameter(visibility=HIDDEN, description="the candidate's train settings (one lr, no lrs)")
+
+    def block_task(self) -> TrainBlock:
+        return TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
+                          train=self.train, candidate=True, outputs=self.outputs, device=self.device)
+
+    def requires(self):
+        b = self.block_task()
+        req = {"block": b, **b.data_requires()}
+        if self.train["targets"] == "online":
+            req["corpus"] = PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
+        return req
+
+    def own_config(self):
+        return {"split": "val"}
+
+    def label(self):
+        return self.block_task().label() + "-val"
+
+    def run(self):
+        from zgcore.device import resolve
+        from zgcore.teacher_weights import layer_source, load_base
+
+        req = self.requires()
+        div = search.diverged(req["block"])
+        if div is not None:
+            with self.building() as tmp:
+                write_json(tmp / "score.json", {"val_loss": None, "diverged": div})
+            return
+        rec = teacher_record(self.teacher_task())
+        meta = json.loads((req["block"].out_dir / "metrics.json").read_text())
+        (block,) = load_blocks(layer_source(rec), [req["block"]])
+        block = block.to(resolve(self.device))
+        if self.train["targets"] == "online":
+            val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
+            source = boundary_store.OnlineBoundaries(load_base(rec, meta["end"], self.boundary["teacher_dtype"], self.device),
+                                                     val, [meta["start"], meta["end"]], self.boundary["dtype"],
+                                                     int(self.boundary["batch_size"]))
+        else:
+            source = boundary_store.BoundaryReader(req["cache"].out_dir)
+        with source:
+            m = ztrain.val_loss(block, source, meta["start"], meta["end"], self.train)
+        with self.building() as tmp:
+            write_json(tmp / "score.json", {**m, "lr": float(self.train["lr"])})
+        self.log(f"validation loss {m['val_loss']:.4f} over {m['sequences']} sequences")
 
 
 def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):

@@ -107,3 +107,39 @@ def test_distill_study_searches_the_end_to_end_arms_lr_and_survives_divergence(t
     assert "Learning-rate searches" in md and "diverged: 1e+09" in md and "(searched, " in md
     # blocks were not searched: their configured lr is stated
     assert arms["blockwise"]["lrs"] == {"block 0": {"lr": 1e-3}, "block 1": {"lr": 1e-3}}
+
+
+def test_blockwise_arm_searches_each_blocks_lr_on_its_validation_loss(tmp_path, run_graph):
+    """19.3: train.lrs searches every block's lr (each candidate its own TrainBlock, scored by its
+    validation loss); a diverging lr loses; the assembled student is built from the chosen blocks."""
+    from safetensors.torch import load_file
+
+    from workflows import load_config
+    from workflows.distill import build_distill_study
+
+    cfg = load_config("", "train.lrs=[1e-3,1e9] train.lr_rounds=2", "distill_tiny")
+    study = build_distill_study(cfg, str(tmp_path))
+    ok, ran = run_graph(study)
+    assert ok
+    arms = {a["name"]: a for a in json.loads((study.out_dir / "report.json").read_text())["arms"]}
+    blocks = study.requires()["blocks"]
+    for i, task in enumerate(blocks):
+        got = arms["blockwise"]["lrs"][f"block {i}"]
+        s = got["search"]
+        assert s["grid"] == [1e-3, 1e9] and s["lrs"] == [2.5e-4, 1e-3, 4e-3, 1e9] and s["rounds"] == 2
+        assert s["scores"][-1] is None and [d["lr"] for d in s["diverged"]] == [1e9] and got["lr"] == s["best_lr"]
+        # each score is the candidate's own validation loss, and the block's weights are the chosen candidate's
+        best = task.candidate_task(s["best_lr"])
+        assert load_file(str(task.out_dir / "block.safetensors")).keys() == load_file(str(best.out_dir / "block.safetensors")).keys()
+        assert (task.out_dir / "block.safetensors").read_bytes() == (best.out_dir / "block.safetensors").read_bytes()
+        finite = [(v, lr) for lr, v in zip(s["lrs"], s["scores"]) if v is not None]
+        assert min(finite)[1] == s["best_lr"] and all(v > 0 for v, _ in finite)
+    assert arms["healed"]["lrs"]["block 0"] == arms["blockwise"]["lrs"]["block 0"]
+    md = (study.out_dir / "report.md").read_text()
+    assert "(a) ZeroGraph blockwise, block 0: chosen" in md
+    # without train.lrs a block's hash is what it was: lrs and lr_rounds are not hashed then
+    from zgcore.train import effective_train
+
+    plain = load_config("", "", "distill_tiny")["train"]
+    assert "lrs" not in effective_train(plain) and "lr_rounds" not in effective_train(plain)
+    assert "lr" not in effective_train({**plain, "lrs": [1e-3]})

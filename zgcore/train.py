@@ -158,6 +158,40 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     return loss_metrics(m, loop.columns)  # final_<aux term>: unweighted
 
 
+def val_loss(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: int, t: Mapping[str, Any],
+             split: str = "val", batch_size: int | None = None) -> dict[str, Any]:
+    """The block's validation loss: :func:`~zgcore.objectives.regression_loss` (``t["loss_norm"]``,
+    per-channel scale of ``b_out``) of ``block(boundary b_in)`` against boundary ``b_out`` — the
+    clean mapping every objective is after — over every sequence of ``split``, in order, no noise.
+    What the blockwise arm's lr search scores (lower is better).
+
+    Args:
+        block: a trained :class:`~zgcore.adapters.StudentBlock` (float32; put in eval mode here).
+        reader: the boundary store, or :class:`~zgcore.boundary_store.OnlineBoundaries` over the
+            validation tokens. t: the block's train settings (``loss_norm``, ``batch_size``).
+
+    Returns:
+        ``{"val_loss" (sequence-weighted mean, dimensionless), "sequences"}``.
+
+    Raises:
+        ValueError: the split is empty.
+    """
+    n = reader.n(split)
+    if not n:
+        raise ValueError(f"no {split} sequences to score the block on")
+    device = next(block.parameters()).device
+    scale = reader.stats(b_out)
+    bs = int(batch_size or t["batch_size"])
+    total = 0.0
+    block.eval()
+    with torch.no_grad():
+        for _k, x, y in reader.batches(split, b_in, b_out, np.arange(n), bs):
+            with autocast(device):
+                pred = block(x.to(device))
+            total += float(regression_loss(pred.float(), y.to(device), t["loss_norm"], scale.to(device))) * len(x)
+    return {"val_loss": total / n, "sequences": int(n)}
+
+
 def save_weights(path: Path, state_dict: dict[str, torch.Tensor]) -> None:
     """Save layer weights (e.g. ``StudentBlock.layer_state_dict()``) as safetensors, atomically."""
     with atomic_path(path) as tmp:
