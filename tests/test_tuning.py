@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from zgcore import local as zl
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -143,3 +147,25 @@ def test_blockwise_arm_searches_each_blocks_lr_on_its_validation_loss(tmp_path, 
     plain = load_config("", "", "distill_tiny")["train"]
     assert "lrs" not in effective_train(plain) and "lr_rounds" not in effective_train(plain)
     assert "lr" not in effective_train({**plain, "lrs": [1e-3]})
+
+
+@pytest.mark.parametrize("preset, least", [("local_cpu_10tpp", 10), ("local_gpu_125m", 20), ("local_gpu_400m", 20)])
+def test_presets_reach_their_tokens_per_parameter_with_the_search_at_the_full_budget(preset, least):
+    """19.6: the CPU preset trains >= 10 tokens per non-embedding parameter, the GPU presets the
+    paper's 20, counted by the report's own code (zgcore.local.tokens_per_parameter), and each
+    searches every configuration's lr at the full budget."""
+    from workflows.local import load_local_config
+
+    cfg = load_local_config(preset=preset)
+    tpp = zl.planned_tokens_per_parameter(cfg)
+    assert least <= tpp["ratio"] < least * 1.01
+    assert len(cfg["study"]["lrs"]) >= 3 and cfg["study"]["lr_rounds"] >= 3 and cfg["study"]["tune_fraction"] == 1.0
+    cells = zl.expand_study(cfg)
+    assert [(c["K"], c["aux"], c["mtp"]) for c in cells] == [
+        (1, "none", "off"), (2, "mlp", "off"), (4, "mlp", "off"), (4, "transformer", "off"),
+        (4, "transformer", "first"), (4, "transformer", "all")]
+    if preset == "local_cpu_10tpp":  # the meta-device count is the real model's count, as the report takes it
+        run = cells[0]["run"]
+        lm = zl.build_local(run, 1025, 128)
+        real = zl.tokens_per_parameter(sum(p.numel() for p in lm.model.parameters()), 1025, 32, tpp["tokens"])
+        assert real == tpp and tpp["non_embedding_parameters"] == 98848
