@@ -200,9 +200,6 @@ class EvaluateStudent(_StudentTask):
     """Held-out CE (nats/token) and context use of one trained student folder (the end-to-end arm);
     writes ``eval.json`` (``{"ce": null, "diverged": {...}}`` for a diverged search candidate)."""
 
-    # 2: labelled by its arm; the heal-matched arm; diverged candidates
-    code_version = 2
-
     eval = luigi.DictParameter(visibility=HIDDEN)
     distill = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(default={}, visibility=HIDDEN, description="DistillE2E's heal (budget matching)")
