@@ -21,10 +21,12 @@ def build_distill_study(cfg: dict[str, Any], outputs: str = "outputs") -> Distil
 
 
 class DistillStudy(RunExperiment):
-    """The same student trained three ways on the same training tokens, reported side by side:
+    """The same student trained four ways on the same training tokens, reported side by side:
     (a) ZeroGraph blockwise (the experiment's own TrainBlocks, reused when finished); (b) end-to-end
     distillation on the teacher's logits (``distill.*``; optional hidden-state term at every
-    boundary) at the same student layer-token passes as (a); (c) (a) then ``heal.steps`` of healing.
+    boundary) at the same student layer-token passes as (a); (c) (a) then ``heal.steps`` of healing;
+    (d) end-to-end distillation at the passes of (c). ``distill.lrs`` searches the lr of (b) and (d),
+    ``train.lrs`` every block's (see docs/tuning.md).
 
     Same parameters as :class:`RunExperiment` (default preset ``default``). Raises
     ``zgcore.config.ConfigError`` at construction on bad input, ``heal.steps = 0`` and ``seeds`` included.

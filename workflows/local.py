@@ -45,7 +45,9 @@ class LocalLearningStudy(ConfiguredWorkflow):
     Parameters:
         config: a TOML/YAML file of overrides (optional). set: ``"local.mtp_n=3 study.K=[1,2]"``.
         preset: ``local_default`` (CPU, ~30 min), ``local_cpu_2tpp`` (CPU, 2 tokens per non-embedding
-            parameter with an lr sweep, ~65 min), ``local_tiny`` (seconds), ``local_gpu_125m``, ``local_gpu_400m``.
+            parameter with an lr grid, 18.5 min with two workers), ``local_cpu_10tpp`` (CPU, 10 tokens per
+            non-embedding parameter, each configuration's lr searched at the full budget; ~1-1.5 h estimated),
+            ``local_tiny`` (seconds), ``local_gpu_125m``, ``local_gpu_400m`` (20 tokens per non-embedding parameter).
         outputs: root folder of run artifacts.
 
     Raises ``zgcore.config.ConfigError`` at construction, before any task runs, on bad input.
