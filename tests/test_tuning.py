@@ -77,6 +77,21 @@ def test_a_diverging_lr_loses_and_the_study_goes_on(tmp_path):
     assert pre and all(sorted(p.name for p in t.out_dir.iterdir()) == ["diverged.json", "task.json"] for t in pre)
 
 
+def test_the_issues_command_with_the_default_search_also_survives_divergence(tmp_path):
+    """The issue's exact command (default study.lr_rounds = 4): exit 0, 1e9 listed as diverged in
+    every configuration, and each chosen lr is the lowest tuning CE of what the search tried (on the
+    tiny preset's 8 steps that is above 1e-3: the search leaves the grid, as it should)."""
+    over = "study.lrs=[1e-3,1e9]"
+    proc = _luigi(tmp_path, over)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report, _ = _report(tmp_path, over)
+    rep = json.loads((report.out_dir / "report.json").read_text())
+    for row in rep["rows"]:
+        assert [d["lr"] for d in row["lr_search"]["diverged"]] == [1e9] and row["tune_ce"][-1] is None
+        finite = [(ce, lr) for lr, ce in zip(row["tune_lrs"], row["tune_ce"]) if ce is not None]
+        assert row["lr"] == min(finite)[1] and 1e-3 in row["tune_lrs"] and row["lr_search"]["rounds"] == 4
+
+
 def test_a_study_fails_when_every_candidate_diverges(tmp_path):
     proc = _luigi(tmp_path, "study.K=[1] study.lrs=[1e8,1e9] study.lr_rounds=1")
     assert proc.returncode != 0

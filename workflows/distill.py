@@ -14,7 +14,7 @@ from . import RunExperiment
 
 
 def build_distill_study(cfg: dict[str, Any], outputs: str = "outputs") -> DistillStudyReport:
-    """The report task over the three arms of one resolved experiment (``heal.steps`` > 0 required)."""
+    """The report task over the four arms of one resolved experiment (``heal.steps`` > 0 required)."""
     return DistillStudyReport(teacher=cfg["teacher"], corpus=cfg["corpus"], boundary=cfg["boundary"],
                               blocks=block_settings(cfg), eval=cfg["eval"], heal=cfg["heal"], distill=cfg["distill"],
                               name=cfg["name"], outputs=outputs, device=cfg["device"])
