@@ -19,9 +19,8 @@ import json
 
 import luigi
 
-from zgcore import corpus, local as zlocal, metrics
+from zgcore import corpus, local as zlocal, lr_search, metrics
 from zgcore.atomic import write_json, write_text
-from zgcore import lr_search
 from zgcore.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 
 from . import search
