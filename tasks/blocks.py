@@ -99,15 +99,20 @@ class TrainBlock(Resumable, _TeacherTask):
     def run(self):
         """Train the block; with ``train.lrs``, search its lr instead (each candidate a TrainBlock
         of its own, scored by :class:`ScoreBlock`) and keep a copy of the chosen candidate's output
-        plus ``search.json``. A candidate whose training diverges writes only ``diverged.json``."""
+        plus ``search.json`` (also in ``metrics.json`` as ``lr_search``, with ``lr``). A candidate
+        whose training diverges writes only ``diverged.json``."""
         if self.train.get("lrs"):
             s, tasks = yield from search.run_search(*self._search(), who=f"TrainBlock {self.label()}",
                                                     hint=f"lower train.lrs (or blocks.{self.block}.lrs)")
             best = self.candidate_task(s["best_lr"])
+            record = search.search_record(s, tasks)
             with self.building() as tmp:
-                search.copy_output(best.out_dir, tmp, ("block.safetensors", "init.safetensors", "metrics.json",
+                search.copy_output(best.out_dir, tmp, ("block.safetensors", "init.safetensors",
                                                        ztrain.LOSS_LOG, ztrain.FINAL_STATE))
-                write_json(tmp / "search.json", search.search_record(s, tasks))
+                # the chosen candidate's metrics, with the lr and its search (an experiment's report carries them)
+                m = json.loads((best.out_dir / "metrics.json").read_text())
+                write_json(tmp / "metrics.json", {**m, "lr": s["best_lr"], "lr_search": record})
+                write_json(tmp / "search.json", record)
             self.log(f"chosen lr {s['best_lr']:g} ({lr_search.edge_note(s)}) of " + ", ".join(
                 f"{lr:g}: {'diverged' if v is None else f'{v:.4f}'}" for lr, v in zip(s["lrs"], s["scores"])))
             return

@@ -154,6 +154,10 @@ def test_blockwise_arm_searches_each_blocks_lr_on_its_validation_loss(tmp_path, 
         finite = [(v, lr) for lr, v in zip(s["lrs"], s["scores"]) if v is not None]
         assert min(finite)[1] == s["best_lr"] and all(v > 0 for v, _ in finite)
     assert arms["healed"]["lrs"]["block 0"] == arms["blockwise"]["lrs"]["block 0"]
+    # the experiment's own report carries each block's chosen lr and its search
+    ev = json.loads((study.requires()["blockwise"].out_dir / "report.json").read_text())
+    assert [b["lr"] for b in ev["blocks"]] == [arms["blockwise"]["lrs"][f"block {i}"]["lr"] for i in range(2)]
+    assert all(b["lr_search"]["diverged"][0]["lr"] == 1e9 for b in ev["blocks"])
     md = (study.out_dir / "report.md").read_text()
     assert "(a) ZeroGraph blockwise, block 0: chosen" in md
     # without train.lrs a block's hash is what it was: lrs and lr_rounds are not hashed then
