@@ -45,6 +45,9 @@ class NonFiniteError(RuntimeError):
         super().__init__(message)
         self.step, self.what, self.value = step, what, value
 
+    def __reduce__(self):  # picklable with its attributes (worker processes)
+        return type(self), (str(self), self.step, self.what, self.value)
+
     def record(self) -> dict:
         """``{"step", "what", "value" (as text: JSON has no NaN), "message"}``."""
         return {"step": self.step, "what": self.what, "value": str(self.value), "message": str(self)}
