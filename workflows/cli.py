@@ -86,6 +86,11 @@ def report(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, 
     typer.echo(path.read_text())
 
 
+from .slurm import app as slurm_app  # noqa: E402 (slurm.py uses walk above)
+
+app.add_typer(slurm_app, name="slurm")
+
+
 def main() -> None:
     """Entry point of the ``zerograph`` command."""
     app()

@@ -1,0 +1,272 @@
+"""`zerograph slurm` against a real Slurm: a one-node cluster on this machine
+(scripts/slurm_local.sh, which installs Debian's slurm-wlm and munge when they are missing and it
+runs as root). Skipped, with the reason, where that cluster cannot start.
+
+The launches run the tiny preset with two worker jobs of one CPU each (the machine's two CPUs)."""
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "slurm_local.sh"
+DOC = ROOT / "docs" / "slurm.md"
+SHARED = "/shared/zerograph/outputs"  # the guide's outputs folder, replaced by a temporary one
+ZG = [sys.executable, "-c", "import sys; from workflows.cli import main; sys.argv[0] = 'zerograph'; main()"]
+LAUNCH = ["slurm", "RunExperiment", "--workers", "2", "--cpus-per-worker", "1", "--partition", "cpu",
+          "--time", "00:20:00", "--poll", "1", "--preset", "tiny"]
+TIMINGS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The environment of a started one-node cluster (``SLURM_CONF`` set); stopped afterwards."""
+    folder = tmp_path_factory.mktemp("slurm")
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(["bash", str(SCRIPT), "start", str(folder)], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.skip("Slurm did not start within 10 minutes")
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        pytest.skip(f"Slurm cannot start on this machine: {why}")
+    TIMINGS["cluster start (install included)"] = time.monotonic() - t0
+    env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("LUIGI_CONFIG_PATH", None)
+    try:
+        yield env
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop", str(folder)], capture_output=True, timeout=120)
+        print("\ntest_slurm timings (s):", json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
+
+
+@pytest.fixture(autouse=True)
+def no_stray_luigid(tmp_path):
+    """Stop any luigid a failing test left running in its folder (the launcher stops its own)."""
+    yield
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "luigid" in cmd and str(tmp_path) in cmd:
+            os.kill(int(proc.name), 15)
+
+
+def zg(args: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*ZG, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def squeue(env: dict) -> list[str]:
+    return subprocess.run(["squeue", "-h", "-o", "%i %T"], env=env, capture_output=True, text=True).stdout.split("\n")[:-1]
+
+
+def doc_commands() -> list[list[str]]:
+    """Every `.venv/bin/zerograph slurm` command of docs/slurm.md's bash blocks, in order."""
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", DOC.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith(".venv/bin/zerograph slurm"):
+                cmds.append(shlex.split(line, comments=True))
+    return cmds
+
+
+def worker_logs(outputs: Path) -> dict[str, str]:
+    """Each worker job's log text by job id (``<array>_<index>``)."""
+    return {p.stem.removeprefix("worker-"): p.read_text() for p in sorted(outputs.glob("slurm/*/logs/worker-*.log"))}
+
+
+def ran_by(graph, logs: dict[str, str]) -> dict[str, list[str]]:
+    """For each task of ``graph`` (task id -> task), the logs whose Luigi worker says it finished
+    it (``done      <Task(params)>``: one line per task a worker ran)."""
+    return {t.task_id: [k for k, text in logs.items() for line in text.splitlines()
+                        if line.endswith(f" done      {t!r}")] for t in graph}
+
+
+def test_the_guide_commands_work_on_the_test_cluster(cluster, tmp_path):
+    """docs/slurm.md's commands as written, on the tiny preset: launch (waits, exit 0, prints the
+    report), status (0), cancel (nothing left to cancel); the GPU launch is checked with --dry-run
+    (the test cluster has no GPUs) and its status finds no launch of that experiment (exit 2)."""
+    out = tmp_path / "shared"
+    cmds = doc_commands()
+    assert len(cmds) >= 5 and any("--gpus-per-worker" in c for c in cmds)
+    t0 = time.monotonic()
+    for cmd in cmds:
+        args = [a.replace(SHARED, str(out)) for a in cmd[1:]]
+        args += [] if "--preset" in args else ["--preset", "tiny"]
+        gpus = int(args[args.index("--gpus-per-worker") + 1]) if "--gpus-per-worker" in args else 0
+        sub = args[1]
+        if gpus and sub not in ("status", "cancel"):
+            r = zg([*args, "--dry-run"], cluster)
+            assert r.returncode == 0, r.stderr
+            assert "#SBATCH --gres=gpu:1" in r.stdout and "#SBATCH --array=0-3" in r.stdout
+            assert "#SBATCH --cpus-per-task=8" in r.stdout and "#SBATCH --mem=64G" in r.stdout
+            assert "--set device=cuda" in r.stdout and "--no-lock --workers 1" in r.stdout
+            assert not (out / "slurm").exists() or not any((out / "slurm").glob("*cuda*"))
+            continue
+        r = zg(args, cluster)
+        if gpus:
+            assert r.returncode == 2 and "was never launched" in r.stderr, (args, r.stdout, r.stderr)
+        elif sub == "status":
+            assert r.returncode == 0 and "complete: every task is done" in r.stdout, (args, r.stdout, r.stderr)
+        elif sub == "cancel":
+            assert r.returncode == 0 and "no job pending or running" in r.stdout, (args, r.stdout, r.stderr)
+            assert not squeue(cluster)
+        else:
+            assert r.returncode == 0, (args, r.stdout[-3000:], r.stderr[-3000:])
+            report = Path(re.search(r"^report: (.*)$", r.stdout, re.M)[1])
+            assert report.is_file() and report.read_text().startswith("# ZeroGraph report — tiny")
+            assert re.search(r"job \d+_0: (COMPLETED|FAILED)", r.stdout) and re.search(r"job \d+_1: ", r.stdout)
+    TIMINGS["guide commands"] = time.monotonic() - t0
+
+
+# long enough blocks (several seconds: longer than a waiting worker's 0.5-1.5 s poll) that the two
+# workers must share them
+SPREAD = "train.max_steps=1000 train.checkpoint_every=250"
+
+
+def _without_timings(x):
+    """A report.json with its timings, memory peaks and paths left out: what must equal bytewise."""
+    if isinstance(x, dict):
+        return {k: _without_timings(v) for k, v in x.items()
+                if not re.search(r"seconds|rss|_dir|path|finished|break_even|saving|method", k)}
+    if isinstance(x, list):
+        return [_without_timings(v) for v in x]
+    return x
+
+
+def test_two_worker_jobs_share_the_work_once_each_and_match_a_local_run(cluster, tmp_path):
+    from workflows import RunExperiment
+    from workflows.slurm import walk_all
+
+    out, ref = tmp_path / "shared", tmp_path / "local"
+    t0 = time.monotonic()
+    r = zg([*LAUNCH, "--set", SPREAD, "--outputs", str(out)], cluster)
+    TIMINGS["two-job launch"] = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+    logs = worker_logs(out)
+    assert len(logs) == 2, list(logs)
+    for job, text in logs.items():  # both jobs ran a worker against luigid
+        assert "zerograph worker: job" in text and "luigi exited" in text, job
+    prepare = {"prepare": next(out.glob("slurm/*/logs/prepare.log")).read_text()}
+    graph = walk_all(RunExperiment(preset="tiny", set=SPREAD, outputs=str(out)))
+    by = ran_by(graph, {**logs, **prepare})
+    for t in graph:  # every task ran exactly once, on one worker job (teacher and corpus: on this host)
+        assert len(by[t.task_id]) == 1, (t.task_id, by[t.task_id])
+        expected_here = t.get_task_family() in ("PrepareTeacher", "PrepareCorpus")
+        assert (by[t.task_id] == ["prepare"]) == expected_here, (t.task_id, by[t.task_id])
+    work = {t.task_id: by[t.task_id][0] for t in graph if t.get_task_family() in ("BoundaryShard", "TrainBlock")}
+    blocks = sorted(job for tid, job in work.items() if tid.startswith("TrainBlock_"))
+    shards = sorted(job for tid, job in work.items() if tid.startswith("BoundaryShard_"))
+    assert len(blocks) == 2 and len(set(blocks)) == 2, blocks  # one block on each job
+    assert len(shards) == 2 and set(shards) <= set(logs), shards
+    assert set(blocks) | set(shards) == set(logs)
+
+    t0 = time.monotonic()
+    local = subprocess.run([sys.executable, "-m", "luigi", "--module", "workflows", "RunExperiment", "--local-scheduler",
+                            "--preset", "tiny", "--set", SPREAD, "--outputs", str(ref)], cwd=ROOT, env=cluster,
+                           capture_output=True, text=True, timeout=600)
+    TIMINGS["local reference run"] = time.monotonic() - t0
+    assert local.returncode == 0, local.stderr[-3000:]
+    for pattern in ("TrainBlock/*/block.safetensors", "Assemble/*/model/model.safetensors"):
+        a, b = sorted(out.glob(pattern)), sorted(ref.glob(pattern))
+        assert len(a) == len(b) >= 1 and [p.relative_to(out) for p in a] == [p.relative_to(ref) for p in b]
+        for x, y in zip(a, b):
+            assert x.read_bytes() == y.read_bytes(), x
+    for pattern in ("BoundaryShard/*/shard.json",):  # each shard file's SHA-256
+        for x in sorted(out.glob(pattern)):
+            files = lambda p: {k: v["sha256"] for k, v in json.loads(p.read_text())["files"].items()}  # noqa: E731
+            assert files(x) == files(ref / x.relative_to(out))
+    (rep,), (rep_ref,) = list(out.glob("Evaluate/*/report.json")), list(ref.glob("Evaluate/*/report.json"))
+    assert rep.relative_to(out) == rep_ref.relative_to(ref)
+    a, b = (_without_timings(json.loads(p.read_text())) for p in (rep, rep_ref))
+    assert a == b and a["cross_entropy"]["student"] > 0
+
+
+def test_a_cancelled_worker_job_is_recovered_by_rerunning_the_launcher(cluster, tmp_path):
+    """scancel the job training block 0 (Slurm's SIGTERM, then SIGKILL): the other job finishes its
+    own block and stops once luigid fails the lost worker's task (worker_disconnect_delay: 5 s in
+    this test's luigi.cfg, Luigi's default 60 s); the experiment is not complete (status exit 1);
+    rerunning the launcher resumes block 0 from its checkpoint and completes it (exit 0)."""
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "luigi.cfg")
+    parser["scheduler"]["worker_disconnect_delay"] = "5"
+    cfg = tmp_path / "luigi.cfg"
+    with open(cfg, "w") as f:
+        parser.write(f)
+    env = {**cluster, "LUIGI_CONFIG_PATH": str(cfg)}
+    out = tmp_path / "shared"
+    opts = ["--set", "train.max_steps=2000 train.checkpoint_every=100", "--outputs", str(out)]
+    t0 = time.monotonic()
+    r = zg([*LAUNCH, *opts, "--detach"], env)
+    assert r.returncode == 0 and "submitted job array" in r.stdout, r.stdout + r.stderr
+    array = re.search(r"submitted job array (\d+)", r.stdout)[1]
+
+    victim, deadline = None, time.time() + 300
+    while victim is None and time.time() < deadline:
+        if list(out.glob("TrainBlock/block0-*.partial/checkpoint.pt")):
+            victim = next((job for job, text in worker_logs(out).items()
+                           if "running   TrainBlock(" in text and "block=0," in text), None)
+        time.sleep(0.1)
+    assert victim is not None, "block 0 never wrote a checkpoint"
+    subprocess.run(["scancel", victim], env=env, check=True)
+    while any(line.startswith(array) for line in squeue(env)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not squeue(env), squeue(env)
+
+    st = zg(["slurm", "status", "--preset", "tiny", *opts], env)
+    assert st.returncode == 1 and f"job {victim}: CANCELLED" in st.stdout, st.stdout + st.stderr
+    assert "not complete" in st.stderr and "TrainBlock block0" in st.stderr
+
+    again = zg([*LAUNCH, *opts], env)
+    TIMINGS["cancel and recover"] = time.monotonic() - t0
+    assert again.returncode == 0 and "complete: every task is done" in again.stdout, again.stdout + again.stderr
+    rerun_logs = {k: v for k, v in worker_logs(out).items() if not k.startswith(array + "_")}
+    assert len(rerun_logs) == 2 and "resumed from step" in "".join(rerun_logs.values())
+    assert zg(["slurm", "status", "--preset", "tiny", *opts], env).returncode == 0
+    # a complete experiment: the launcher submits nothing more
+    done = zg([*LAUNCH, *opts], env)
+    assert done.returncode == 0 and "already complete, nothing submitted" in done.stdout
+
+
+def test_bad_launches_fail_in_one_line_before_anything_is_submitted(cluster, tmp_path, monkeypatch):
+    out = tmp_path / "shared"
+    before = squeue(cluster)
+    cases = {
+        "not on PATH": ([*LAUNCH, "--outputs", str(out)], {"PATH": str(Path(sys.executable).parent)}),
+        "absolute path": ([*LAUNCH, "--outputs", "relative/outputs"], {}),
+        "no partition 'nope'": ([*LAUNCH, "--partition", "nope", "--outputs", str(out)], {}),
+        "sbatch refused the job": ([*LAUNCH, "--gpus-per-worker", "1", "--outputs", str(out)], {}),
+        "Invalid --time": ([*LAUNCH, "--time", "soon", "--outputs", str(out)], {}),
+    }
+    for what, (args, env) in cases.items():
+        r = zg(args, {**cluster, **env})
+        assert r.returncode == 2, (what, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and what in lines[0], (what, r.stderr)
+    assert squeue(cluster) == before and not list(out.glob("slurm/*/launch.json"))
+
+    # outputs on a node-local folder while the partition has other nodes than this one
+    from typer.testing import CliRunner
+
+    from workflows import slurm
+    from workflows.cli import app
+
+    monkeypatch.setenv("SLURM_CONF", cluster["SLURM_CONF"])
+    monkeypatch.setattr(slurm, "partition_nodes", lambda p: ["node01", "node02"])
+    r = CliRunner().invoke(app, [*LAUNCH, "--outputs", str(out)])
+    assert r.exit_code == 2 and "is not shared by the nodes of the partition" in r.output, r.output
+    assert slurm.local_folder_reason(Path("/tmp/x/y")) and slurm.local_folder_reason(Path("/dev/shm/z"))
+    assert squeue(cluster) == before
