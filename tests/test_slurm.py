@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "slurm_local.sh"
 DOC = ROOT / "docs" / "slurm.md"
 SHARED = "/shared/zerograph/outputs"  # the guide's outputs folder, replaced by a temporary one
-ZG = [sys.executable, "-c", "import sys; from workflows.cli import main; sys.argv[0] = 'zerograph'; main()"]
 LAUNCH = ["slurm", "RunExperiment", "--workers", "2", "--cpus-per-worker", "1", "--partition", "cpu",
           "--time", "00:20:00", "--poll", "1", "--preset", "tiny"]
 TIMINGS: dict[str, float] = {}
@@ -64,8 +62,16 @@ def no_stray_luigid(tmp_path):
             os.kill(int(proc.name), 15)
 
 
-def zg(args: list[str], env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*ZG, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+def zg(args: list[str], env: dict):
+    """Run ``zerograph ARGS`` in this process (typer's runner: no second torch import) with ``env``
+    as the environment; the result has ``returncode``, ``stdout`` and ``stderr``."""
+    from typer.testing import CliRunner
+
+    from workflows.cli import app
+
+    r = CliRunner().invoke(app, args, env={**{k: None for k in os.environ}, **env}, catch_exceptions=False)
+    r.returncode = r.exit_code
+    return r
 
 
 def squeue(env: dict) -> list[str]:
@@ -208,7 +214,7 @@ def test_a_cancelled_worker_job_is_recovered_by_rerunning_the_launcher(cluster, 
         parser.write(f)
     env = {**cluster, "LUIGI_CONFIG_PATH": str(cfg)}
     out = tmp_path / "shared"
-    opts = ["--set", "train.max_steps=2000 train.checkpoint_every=100", "--outputs", str(out)]
+    opts = ["--set", "train.max_steps=1200 train.checkpoint_every=100", "--outputs", str(out)]
     t0 = time.monotonic()
     r = zg([*LAUNCH, *opts, "--detach"], env)
     assert r.returncode == 0 and "submitted job array" in r.stdout, r.stdout + r.stderr
@@ -270,3 +276,36 @@ def test_bad_launches_fail_in_one_line_before_anything_is_submitted(cluster, tmp
     assert r.exit_code == 2 and "is not shared by the nodes of the partition" in r.output, r.output
     assert slurm.local_folder_reason(Path("/tmp/x/y")) and slurm.local_folder_reason(Path("/dev/shm/z"))
     assert squeue(cluster) == before
+
+
+def test_a_job_runs_one_worker_per_gpu_slurm_gave_it_with_its_share_of_the_cpus(tmp_path):
+    """The generated job script, run by bash with the environment Slurm gives a job (no cluster
+    needed): one luigi worker per device in CUDA_VISIBLE_DEVICES, each seeing only its own, with
+    the job's CPUs split between them; one worker with every CPU on a CPU job; exit 2 with one line
+    on a node that does not see the outputs folder."""
+    from workflows.slurm import worker_script
+
+    def run(gpus: int, env: dict, seen: bool = True):
+        folder = tmp_path / f"g{gpus}"
+        folder.mkdir(exist_ok=True)
+        if seen:
+            (folder / "launch.json").write_text("{}")
+        script = worker_script(folder, "RunExperiment", ["--outputs", str(tmp_path), "--set", "device=cuda"], workers=4,
+                               gpus=gpus, cpus=8, partition="gpu", time_limit="04:00:00", mem="64G",
+                               sched_host="login1", sched_port=8082, name="zg-x", extra=["--account=abc"])
+        luigi_line = re.compile(r"^  \S+ -m luigi --module workflows RunExperiment --scheduler-host login1 "
+                                r"--scheduler-port 8082 --no-lock --workers 1 --outputs \S+ --set device=cuda &$", re.M)
+        assert len(luigi_line.findall(script)) == 1
+        fake = luigi_line.sub('  echo "worker ${CUDA_VISIBLE_DEVICES:-} $OMP_NUM_THREADS" &', script)
+        r = subprocess.run(["bash", "-c", fake], env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True)
+        return script, r, sorted(line for line in r.stdout.splitlines() if line.startswith("worker"))
+
+    script, r, workers = run(2, {"CUDA_VISIBLE_DEVICES": "3,5", "SLURM_CPUS_PER_TASK": "8"})
+    for opt in ("--gres=gpu:2", "--array=0-3", "--cpus-per-task=8", "--mem=64G", "--partition=gpu", "--time=04:00:00",
+                "--requeue", "--signal=B:USR1@90", "--account=abc"):
+        assert f"#SBATCH {opt}\n" in script, opt
+    assert r.returncode == 0 and workers == ["worker 3 4", "worker 5 4"], (r.stdout, r.stderr)
+    _, r, workers = run(0, {"SLURM_CPUS_PER_TASK": "8"})
+    assert r.returncode == 0 and workers == ["worker  8"], (r.stdout, r.stderr)
+    _, r, workers = run(1, {"SLURM_CPUS_PER_TASK": "8"}, seen=False)
+    assert r.returncode == 2 and not workers and r.stderr.count("\n") == 1 and "does not see" in r.stderr

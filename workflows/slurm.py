@@ -219,7 +219,26 @@ def this_host() -> str:
     return fqdn if fqdn.startswith(short_host(name) + ".") else name
 
 
+def scheduler_address(nodes: list[str]) -> str:
+    """The name the worker jobs reach luigid on this host by: :func:`this_host` when it resolves;
+    ``127.0.0.1`` when it does not and this host is the partition's only node.
+
+    Raises:
+        UsageError: the name does not resolve and the partition has other nodes.
+    """
+    host = this_host()
+    try:
+        socket.gethostbyname(host)
+        return host
+    except OSError:
+        if {short_host(n) for n in nodes} == {short_host(socket.gethostname())}:
+            return "127.0.0.1"
+        raise UsageError(f"this host's name {host!r} does not resolve: pass --scheduler-host with a name or "
+                         f"address the nodes reach it by") from None
+
+
 def short_host(name: str) -> str:
+    """``node017.cluster.org`` -> ``node017``."""
     return name.split(".")[0]
 
 
@@ -390,15 +409,15 @@ if [ ! -e {shlex.quote(str(folder / 'launch.json'))} ]; then
   echo "error: $(hostname) does not see {folder}: --outputs must be a folder shared by every node" >&2
   exit 2
 fi
-if [ {gpus} -gt 0 ]; then IFS=, read -ra slots <<< "${{CUDA_VISIBLE_DEVICES:-}}"; else slots=(cpu); fi
-[ ${{#slots[@]}} -gt 0 ] || slots=(none)
+slots=(all)  # one luigi worker per GPU Slurm gave this job, each seeing only its own as `cuda`
+if [ {gpus} -gt 0 ] && [ -n "${{CUDA_VISIBLE_DEVICES:-}}" ]; then IFS=, read -ra slots <<< "$CUDA_VISIBLE_DEVICES"; fi
 threads=$(( ${{SLURM_CPUS_PER_TASK:-1}} / ${{#slots[@]}} )); [ "$threads" -ge 1 ] || threads=1
 export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
 echo "zerograph worker: job ${{SLURM_JOB_ID:-?}} (${{SLURM_ARRAY_JOB_ID:-?}}_${{SLURM_ARRAY_TASK_ID:-?}}) on $(hostname)," \\
      "restart ${{SLURM_RESTART_COUNT:-0}}, ${{#slots[@]}} worker(s) of $threads thread(s), CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES:-}}"
 pids=()
 for slot in "${{slots[@]}}"; do
-  if [ {gpus} -gt 0 ]; then export CUDA_VISIBLE_DEVICES=$slot; fi
+  if [ "$slot" != all ]; then export CUDA_VISIBLE_DEVICES=$slot; fi
   {cmd} &
   pids+=($!)
 done
@@ -421,10 +440,12 @@ exit $rc
 # --- records -----------------------------------------------------------------------------------
 
 def record_path(outputs: str, exp: str) -> Path:
+    """``<outputs>/slurm/<experiment id>/launch.json``: what a launch keeps for status and cancel."""
     return Path(outputs) / "slurm" / exp / "launch.json"
 
 
 def load_record(path: Path) -> dict[str, Any]:
+    """The launch record at ``path`` (``{"launches": []}`` when there is none yet)."""
     return json.loads(path.read_text()) if path.is_file() else {"launches": []}
 
 
@@ -443,6 +464,7 @@ def active_jobs(rec: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 
 def print_jobs(states: dict[str, dict[str, str]], folder: Path) -> None:
+    """One line per job: state, exit code (named when it is one of Luigi's), node, log file."""
     for jid, s in states.items():
         where = f" on {s['node']}" if s["node"] else ""
         extra = ""
@@ -489,17 +511,20 @@ def _check_tools() -> None:
         fail(f"{', '.join(missing)} not on PATH: run this on a Slurm login node (or start a test cluster: scripts/slurm_local.sh start)")
 
 
-def _resolve(workflow: str, config: str, set_: str, preset: Optional[str], outputs: str, gpus: int):
-    """Check the outputs path and the device, then build the workflow; returns (set, workflow, id)."""
+def _resolve(workflow: str, config: str, set_: str, preset: Optional[str], outputs: str, gpus: int,
+             launching: bool = True):
+    """Check the outputs path (and, ``launching``, the device against the GPUs asked for), then
+    build the workflow; returns (the ``--set`` string with ``device=cuda`` added for GPUs, the
+    workflow task, the experiment id). Exits 2 on bad input."""
     if not os.path.isabs(outputs):
         fail(f"--outputs must be an absolute path on a folder every node mounts at the same place, not {outputs!r}")
     if gpus and not re.search(r"(^|\s)device=", set_):
         set_ = f"{set_} device=cuda".strip()
     wf = make_workflow(workflow, config, set_, preset, outputs)
     device = str(wf.cfg.get("device", "cpu"))
-    if gpus and not device.startswith("cuda"):
+    if launching and gpus and not device.startswith("cuda"):
         fail(f"--gpus-per-worker {gpus} with device={device}: drop device= from the options (the launcher sets device=cuda)")
-    if not gpus and device.startswith("cuda"):
+    if launching and not gpus and device.startswith("cuda"):
         fail(f"device={device} needs --gpus-per-worker 1 (or more)")
     return set_, wf, experiment_id(workflow, wf)
 
@@ -521,7 +546,7 @@ def launch(workflow: str = WorkflowArg,
            scheduler_port: int = typer.Option(0, "--scheduler-port", help="luigid's port (default: a free one)"),
            poll: float = typer.Option(5.0, "--poll", help="seconds between job-state checks while waiting"),
            dry_run: bool = typer.Option(False, "--dry-run", help="print the job script; start and submit nothing")):
-    """Prepare the inputs here, start luigid here, submit the worker jobs, and wait for them.
+    """Prepare the inputs here, start luigid here, submit N worker jobs, wait for them.
 
     Exits 0 when every task of the workflow is complete, 1 when the jobs ended with work left
     (rerun the same command: only what is missing runs), 2 on bad input (nothing submitted)."""
@@ -537,7 +562,10 @@ def launch(workflow: str = WorkflowArg,
     folder = Path(outputs) / "slurm" / exp
     options = experiment_options(config, set_, preset, outputs)
     extra = shlex.split(sbatch_args)
-    sched_host = scheduler_host or this_host()
+    try:
+        sched_host = scheduler_host or scheduler_address(nodes)
+    except UsageError as e:
+        fail(str(e))
     port = scheduler_port or free_port()
     script = worker_script(folder, workflow, options, workers=workers, gpus=gpus_per_worker, cpus=cpus_per_worker,
                            partition=partition, time_limit=time_limit, mem=mem, sched_host=sched_host,
@@ -601,6 +629,7 @@ def launch(workflow: str = WorkflowArg,
 
 
 def _cmd_options(workflow: str, options: list[str]) -> str:
+    """The workflow and its options as one shell-quoted string."""
     return shlex.join([workflow, *options])
 
 
@@ -643,10 +672,11 @@ def _wait(wf, rec: dict[str, Any], rec_path: Path, folder: Path, poll: float, wo
         return 130
     stop_luigid(launch_rec["luigid"])
     save_record(rec_path, rec)
-    return _summary(wf, states, folder, workflow, options)
+    return _summary(wf, states, folder)
 
 
-def _summary(wf, states: dict[str, dict[str, str]], folder: Path, workflow: str, options: list[str]) -> int:
+def _summary(wf, states: dict[str, dict[str, str]], folder: Path) -> int:
+    """Print each job and the verdict; 0 when every task of ``wf`` is done, else 1."""
     print_jobs(states, folder)
     missing = missing_tasks(wf)
     if not missing:
@@ -656,12 +686,12 @@ def _summary(wf, states: dict[str, dict[str, str]], folder: Path, workflow: str,
         return 0
     typer.echo(f"not complete: {len(missing)} task(s) missing, e.g. "
                f"{', '.join(f'{t.get_task_family()} {t.label()}' for t in missing[:4])}; see the job logs above, "
-               f"then rerun: zerograph slurm {_cmd_options(workflow, options)} (only what is missing runs)", err=True)
+               "then rerun the launch command (only what is missing runs)", err=True)
     return 1
 
 
 def _find(workflow, config, set_, preset, outputs, gpus) -> tuple[Any, Path, dict[str, Any]]:
-    set_, wf, exp = _resolve(workflow, config, set_, preset, outputs, gpus)
+    set_, wf, exp = _resolve(workflow, config, set_, preset, outputs, gpus, launching=False)
     rec_path = record_path(outputs, exp)
     if not rec_path.is_file():
         launched = sorted(p.parent.name for p in (Path(outputs) / "slurm").glob("*/launch.json"))
@@ -675,8 +705,10 @@ GpusOpt = typer.Option(0, "--gpus-per-worker", "-g", min=0, help="as given to la
 @app.command()
 def status(workflow: str = WorkflowArg, config: str = ConfigOpt, set: str = SetOpt, preset: Optional[str] = PresetOpt,
            outputs: str = OutputsOpt, gpus_per_worker: int = GpusOpt):
-    """Each job of a launched experiment and whether the experiment is complete (exit 0) or not
-    (1); stops the experiment's luigid once none of its jobs is pending or running."""
+    """Each job of a launched experiment, and whether the experiment is complete.
+
+    Exits 0 when every task is done, 1 otherwise; stops the experiment's luigid once none of its
+    jobs is pending or running."""
     _check_tools()
     wf, rec_path, rec = _find(workflow, config, set, preset, outputs, gpus_per_worker)
     ids = [la["array_job"] for la in rec["launches"] if la.get("array_job")]
@@ -690,14 +722,15 @@ def status(workflow: str = WorkflowArg, config: str = ConfigOpt, set: str = SetO
         raise typer.Exit(1)
     stop_idle_luigids(rec)
     save_record(rec_path, rec)
-    raise typer.Exit(_summary(wf, states, rec_path.parent, rec.get("workflow", workflow), rec.get("options", [])))
+    raise typer.Exit(_summary(wf, states, rec_path.parent))
 
 
 @app.command()
 def cancel(workflow: str = WorkflowArg, config: str = ConfigOpt, set: str = SetOpt, preset: Optional[str] = PresetOpt,
            outputs: str = OutputsOpt, gpus_per_worker: int = GpusOpt):
-    """Cancel the experiment's pending and running jobs (``scancel``) and stop its luigid. What is
-    done stays done; a rerun of the launcher runs the rest."""
+    """Cancel the experiment's pending and running jobs and stop its luigid.
+
+    What is done stays done; a rerun of the launcher runs the rest."""
     _check_tools()
     wf, rec_path, rec = _find(workflow, config, set, preset, outputs, gpus_per_worker)
     ids = [la["array_job"] for la in rec["launches"] if la.get("array_job")]
