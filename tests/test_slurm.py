@@ -269,12 +269,13 @@ def test_bad_launches_fail_in_one_line_before_anything_is_submitted(cluster, tmp
 
     from workflows import slurm
     from workflows.cli import app
+    from workflows.slurm_cluster import local_folder_reason
 
     monkeypatch.setenv("SLURM_CONF", cluster["SLURM_CONF"])
     monkeypatch.setattr(slurm, "partition_nodes", lambda p: ["node01", "node02"])
     r = CliRunner().invoke(app, [*LAUNCH, "--outputs", str(out)])
     assert r.exit_code == 2 and "is not shared by the nodes of the partition" in r.output, r.output
-    assert slurm.local_folder_reason(Path("/tmp/x/y")) and slurm.local_folder_reason(Path("/dev/shm/z"))
+    assert local_folder_reason(Path("/tmp/x/y")) and local_folder_reason(Path("/dev/shm/z"))
     assert squeue(cluster) == before
 
 
@@ -283,7 +284,7 @@ def test_a_job_runs_one_worker_per_gpu_slurm_gave_it_with_its_share_of_the_cpus(
     needed): one luigi worker per device in CUDA_VISIBLE_DEVICES, each seeing only its own, with
     the job's CPUs split between them; one worker with every CPU on a CPU job; exit 2 with one line
     on a node that does not see the outputs folder."""
-    from workflows.slurm import worker_script
+    from workflows.slurm_cluster import worker_script
 
     def run(gpus: int, env: dict, seen: bool = True):
         folder = tmp_path / f"g{gpus}"

@@ -4,11 +4,10 @@ from __future__ import annotations
 import shlex
 
 import typer
-from luigi.task import flatten
 
 from tasks import ZGTask
 
-from .experiment import build_experiment, load_config, or_exit
+from .experiment import build_experiment, load_config, or_exit, walk  # noqa: F401 (walk: zerograph's and the tests')
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="ZeroGraph: inspect experiments built with `luigi --module workflows RunExperiment`.")
@@ -17,19 +16,6 @@ ConfigOpt = typer.Option("", "--config", "-c", help="experiment file (.toml/.yam
 SetOpt = typer.Option("", "--set", "-s", help='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"')
 PresetOpt = typer.Option("default", "--preset", "-p", help="preset in workflows/presets")
 OutputsOpt = typer.Option("outputs", "--outputs", "-o", help="root folder of run artifacts")
-
-
-def walk(task: ZGTask) -> list[ZGTask]:
-    """Every task of the graph under ``task``, dependencies first, each once."""
-    seen: dict[str, ZGTask] = {}
-
-    def visit(t):
-        for d in flatten(t.requires()):
-            visit(d)
-        seen.setdefault(t.task_id, t)
-
-    visit(task)
-    return list(seen.values())
 
 
 def task_state(t: ZGTask) -> str:
@@ -86,7 +72,7 @@ def report(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, 
     typer.echo(path.read_text())
 
 
-from .slurm import app as slurm_app  # noqa: E402 (slurm.py uses walk above)
+from .slurm import app as slurm_app  # noqa: E402
 
 app.add_typer(slurm_app, name="slurm")
 

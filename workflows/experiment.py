@@ -9,6 +9,7 @@ from typing import Any, Callable, TypeVar
 
 import luigi
 from luigi.cmdline_parser import CmdlineParser
+from luigi.task import flatten
 
 from tasks import Evaluate, ObjectiveStudyReport, SeedSummary, ZGTask
 from zgcore import config as zconfig
@@ -89,6 +90,19 @@ def load_config(config: str = "", overrides: str = "", preset: str = "") -> dict
     if int(cfg["heal"]["steps"]) and cfg.get("seeds"):
         raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0")
     return cfg
+
+
+def walk(task: ZGTask) -> list[ZGTask]:
+    """Every task of the graph under ``task``, dependencies first, each once."""
+    seen: dict[str, ZGTask] = {}
+
+    def visit(t):
+        for d in flatten(t.requires()):
+            visit(d)
+        seen.setdefault(t.task_id, t)
+
+    visit(task)
+    return list(seen.values())
 
 
 def block_settings(cfg: dict[str, Any], seed: int | None = None, **train_over) -> list[dict[str, Any]]:
