@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import configparser
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -29,7 +28,6 @@ REQUEUE_SIGNAL = "USR1@90"  # --signal=B:USR1@90: 90 s before the time limit the
 
 class UsageError(Exception):
     """Bad launcher input, found before anything is submitted: one line, exit 2."""
-
 
 
 # --- Slurm -------------------------------------------------------------------------------------
@@ -143,7 +141,7 @@ def job_states(array_ids: list[str]) -> dict[str, dict[str, str]]:
                 out[f"{aid}_{i}"] = {"state": x.get("JobState", "?"), "exit": x.get("ExitCode", ""),
                                      "node": x.get("NodeList", "") if x.get("NodeList") != "(null)" else "",
                                      "reason": x.get("Reason", "") if x.get("Reason") != "None" else ""}
-    return dict(sorted(out.items(), key=lambda kv: [int(p) if p.isdigit() else 0 for p in re.split(r"[_]", kv[0])]))
+    return dict(sorted(out.items(), key=lambda kv: [int(p) if p.isdigit() else -1 for p in kv[0].split("_")]))
 
 
 def expand_range(spec: str) -> list[int]:
