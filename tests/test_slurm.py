@@ -169,6 +169,7 @@ def test_two_worker_jobs_share_the_work_once_each_and_match_a_local_run(cluster,
     prepare = {"prepare": next(out.glob("slurm/*/logs/prepare.log")).read_text()}
     graph = walk_all(RunExperiment(preset="tiny", set=SPREAD, outputs=str(out)))
     by = ran_by(graph, {**logs, **prepare})
+    assert not any(" failed    " in text for text in logs.values())
     for t in graph:  # every task ran exactly once, on one worker job (teacher and corpus: on this host)
         assert len(by[t.task_id]) == 1, (t.task_id, by[t.task_id])
         expected_here = t.get_task_family() in ("PrepareTeacher", "PrepareCorpus")
