@@ -242,6 +242,11 @@ def test_a_cancelled_worker_job_is_recovered_by_rerunning_the_launcher(cluster, 
     assert again.returncode == 0 and "complete: every task is done" in again.stdout, again.stdout + again.stderr
     rerun_logs = {k: v for k, v in worker_logs(out).items() if not k.startswith(array + "_")}
     assert len(rerun_logs) == 2 and "resumed from step" in "".join(rerun_logs.values())
+    # the rerun ran only what was missing: block 0 (resumed), then the assembly and the evaluation
+    rerun_done = sorted(line.split(" done      ")[1] for text in rerun_logs.values() for line in text.splitlines()
+                        if " done      " in line)
+    assert [d.split("(")[0] for d in rerun_done] == ["Assemble", "Evaluate", "RunExperiment", "TrainBlock"], rerun_done
+    assert "block=0," in rerun_done[-1]
     assert zg(["slurm", "status", "--preset", "tiny", *opts], env).returncode == 0
     # a complete experiment: the launcher submits nothing more
     done = zg([*LAUNCH, *opts], env)
