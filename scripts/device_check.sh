@@ -5,12 +5,15 @@
 #   1. carry [.device/teacher-1]                 command: bash scripts/device_check.sh stash
 #   2. carry [.device/teacher-2, .device/wheels] command: bash scripts/device_check.sh run
 # `run` rebuilds the SmolLM2 GGUF (sha256-checked), installs luigi and gguf from the carried wheels
-# if the image lacks them, runs the GPU tests (tests/test_device.py and the CUDA resume test), then the default experiment with device=cuda
-# (the README's command plus `--set device=cuda`), and leaves log.txt, report.json, report.md and
-# nvidia-smi samples in $OUT.
+# if the image lacks them, runs the GPU tests (tests/test_device.py and the CUDA resume test), the
+# accelerator figure of issue 18 (bench/gpu_feed.py: one SmolLM2-shaped block's step time and
+# device-busy fraction fed from memory, from the store synchronously, and prefetching), then the
+# default experiment with device=cuda (the README's command plus `--set device=cuda`), and leaves
+# log.txt, report.json, report.md and nvidia-smi samples in $OUT.
 # Env: ZG_DEVICE (default cuda; `cpu` rehearses the script on a machine without a GPU),
 #      ZG_PRESET (default: the default experiment; e.g. `tiny` for a rehearsal),
-#      ZG_STASH (default /root/zg-stash), ZG_RUN_TIMEOUT (seconds, default 420).
+#      ZG_STASH (default /root/zg-stash), ZG_RUN_TIMEOUT (seconds, default 420),
+#      ZG_FEED_TIMEOUT (seconds for bench/gpu_feed.py, default 240; `--quick` when ZG_DEVICE=cpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: device_check.sh stash|run}
@@ -55,6 +58,13 @@ step "GPU tests: tests/test_device.py, the CUDA SIGKILL-and-resume test"
 "$py" -m pytest -q -p no:cacheprovider tests/test_device.py "tests/test_resume.py::test_sigkill_mid_block_resumes_to_identical_bytes" -rs
 tests_rc=$?
 
+step "accelerator figure: a cached block's busy fraction and step time, prefetching vs in memory (bench/gpu_feed.py)"
+feed_args=(--device "$device")
+[ "$device" = cpu ] && feed_args+=(--quick)
+timeout "${ZG_FEED_TIMEOUT:-240}" "$py" bench/gpu_feed.py "${feed_args[@]}" 2> "$out/gpu_feed.err"
+feed_rc=$?
+[ "$feed_rc" = 0 ] || tail -20 "$out/gpu_feed.err"
+
 step "default experiment, device=$device"
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 2 > "$out/nvidia_smi.csv" &
@@ -73,5 +83,5 @@ if [ -n "$report" ]; then
     cp "$report" "$(dirname "$report")/report.md" "$out/" 2>/dev/null
     "$py" -c "import json,sys; r=json.load(open(sys.argv[1])); print(json.dumps(r.get('cross_entropy'), indent=1)); print('gates', json.dumps(r.get('gates')))" "$report"
 fi
-step "done: tests rc=$tests_rc, experiment rc=$run_rc"
+step "done: tests rc=$tests_rc, feed figure rc=$feed_rc, experiment rc=$run_rc"
 [ "$tests_rc" = 0 ] && [ "$run_rc" = 0 ]

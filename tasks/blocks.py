@@ -157,7 +157,8 @@ class TrainBlock(Resumable, _TeacherTask):
             m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
                                    name=f"{self.get_task_family()} {self.label()}",
-                                   head=(lambda h: head_logits(head, h)) if aux else None, tokens=tokens)
+                                   head=(lambda h: head_logits(head, h)) if aux else None, tokens=tokens,
+                                   callbacks=self.watchers(self.train.get("tensorboard", True)))
             m["teacher_seconds"] = getattr(source, "teacher_seconds", 0.0)
         with self.building() as tmp:
             ztrain.save_weights(tmp / "block.safetensors", block.layer_state_dict())

@@ -17,8 +17,8 @@ from .work import Resumable
 
 
 def heal_hashed(h) -> dict[str, Any]:
-    """The healing settings a result depends on (``checkpoint_every`` is not one)."""
-    return {k: v for k, v in dict(h).items() if k != "checkpoint_every"}
+    """The healing settings a result depends on (``checkpoint_every`` and ``tensorboard`` are not)."""
+    return {k: v for k, v in dict(h).items() if k not in ("checkpoint_every", "tensorboard")}
 
 
 class _DistillTask(Resumable, _StudentTask):
@@ -49,7 +49,8 @@ class _DistillTask(Resumable, _StudentTask):
             h = self.settings()
             m = zdistill.distill(student, teacher, tokens, h, int(h["steps"]), int(h["seed"]), self.work_dir, self.uid,
                                  pairs=pairs, name=f"{self.get_task_family()} {self.label()}", section=self.section,
-                                 progress=lambda s, n, v: self.progress(s, n, f"step {s}/{n} loss {v[0]:.4f}"))
+                                 progress=lambda s, n, v: self.progress(s, n, f"step {s}/{n} loss {v[0]:.4f}"),
+                                 callbacks=self.watchers(h.get("tensorboard", True)))
         with self.building() as tmp:
             student.save_pretrained(tmp / "model")
             tok.save_pretrained(tmp / "model")

@@ -49,6 +49,8 @@ class _LocalTask(ZGTask):
     setup = luigi.DictParameter(description="one normalised configuration: {model, train, local}")
     checkpoint_every = luigi.IntParameter(default=50, significant=False,
                                           description="PretrainLocal: steps between checkpoints (not hashed)")
+    tensorboard = luigi.BoolParameter(default=True, significant=False, parsing=luigi.BoolParameter.EXPLICIT_PARSING,
+                                      description="PretrainLocal: write TensorBoard events (not hashed)")
 
     def corpus_task(self) -> PrepareCorpus:
         return PrepareCorpus(teacher=self.tokenizer, corpus=self.corpus, outputs=self.outputs)
@@ -107,7 +109,7 @@ class PretrainLocal(Resumable, _LocalTask):
         t = {**setup["train"], "log_every": 10, "checkpoint_every": int(self.checkpoint_every)}
         try:
             m = zlocal.train_local(lm, train, t, self.device, progress=report, work=self.work_dir, run_hash=self.uid,
-                                   name=f"{self.get_task_family()} {self.label()}")
+                                   name=f"{self.get_task_family()} {self.label()}", callbacks=self.watchers(self.tensorboard))
         except NonFiniteError as e:
             if not is_candidate(setup):
                 raise
@@ -137,7 +139,8 @@ class EvaluateLocal(_LocalTask):
 
     def requires(self):
         return {"model": PretrainLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=self.setup,
-                                       outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every),
+                                       outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every,
+                                       tensorboard=self.tensorboard),
                 "corpus": self.corpus_task()}
 
     def own_config(self):
@@ -202,7 +205,8 @@ class ChooseLocalLR(_LocalTask):
         """The tuning evaluation (and through it the tuning run) of this configuration at ``lr``."""
         setup = zlocal.sweep_run(_plain(self.setup), lr, float(self.tune_fraction), int(self.corpus["seq_len"]))
         return EvaluateLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=setup, eval=self.eval, split="tune",
-                             outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every)
+                             outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every,
+                             tensorboard=self.tensorboard)
 
     def tune_setups(self) -> list:
         """The first round's tuning configurations, one per lr (normalised runs)."""
@@ -267,6 +271,7 @@ class LocalStudyReport(ZGTask):
     lr_rounds = luigi.IntParameter(default=1, description="rounds of each configuration's lr search at most")
     name = luigi.Parameter(default="local-study", significant=False)
     checkpoint_every = luigi.IntParameter(default=50, significant=False)
+    tensorboard = luigi.BoolParameter(default=True, significant=False, parsing=luigi.BoolParameter.EXPLICIT_PARSING)
 
     def _runs(self) -> list:
         seen, out = set(), []
@@ -279,7 +284,7 @@ class LocalStudyReport(ZGTask):
 
     def _common(self) -> dict:
         return dict(tokenizer=self.tokenizer, corpus=self.corpus, outputs=self.outputs, device=self.device,
-                    checkpoint_every=self.checkpoint_every)
+                    checkpoint_every=self.checkpoint_every, tensorboard=self.tensorboard)
 
     def _finals(self, runs: list) -> list:
         evals = [EvaluateLocal(setup=r, eval=self.eval, **self._common()) for r in runs]

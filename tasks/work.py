@@ -1,4 +1,5 @@
-"""Work folders of training tasks: checkpoints and logs of an unfinished run, kept across interruptions."""
+"""Work folders of training tasks: checkpoints and logs of an unfinished run, kept across
+interruptions; and the live TensorBoard view of a training run."""
 from __future__ import annotations
 
 import os
@@ -24,6 +25,22 @@ class Resumable:
         """Move the files ``names`` of the work folder into the output being built at ``tmp``."""
         for name in names:
             os.replace(self.work_dir / name, tmp / name)
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        """This task's TensorBoard run: ``<outputs>/tensorboard/<family>/<label>-<hash>``, outside
+        the atomic output folder so that it fills while the task runs."""
+        from zgcore.watch import tensorboard_dir
+
+        return tensorboard_dir(self.outputs, self.get_task_family(), self.out_dir.name)
+
+    def watchers(self, tensorboard: bool) -> list:
+        """The :class:`zgcore.loop.TrainLoop` callbacks of this task's run: a
+        :class:`zgcore.watch.TensorBoardWatch` writing to :attr:`tensorboard_dir` when
+        ``tensorboard`` (the configuration's switch, never hashed) is true, else none."""
+        from zgcore.watch import TensorBoardWatch
+
+        return [TensorBoardWatch(self.tensorboard_dir)] if tensorboard else []
 
     def drop_work(self) -> None:
         """Remove the work folder (after the output is complete)."""

@@ -35,6 +35,7 @@ def build_local_study(cfg: dict[str, Any], outputs: str = "outputs") -> LocalStu
     return LocalStudyReport(tokenizer=cfg["tokenizer"], corpus=cfg["corpus"], cells=zlocal.expand_study(cfg),
                             eval=cfg["eval"], name=cfg["name"], outputs=outputs, device=cfg["device"],
                             checkpoint_every=int(cfg["train"]["checkpoint_every"]), lrs=lrs,
+                            tensorboard=bool(cfg["train"]["tensorboard"]),
                             tune_fraction=float(cfg["study"]["tune_fraction"]) if lrs else 1.0,
                             lr_rounds=int(cfg["study"]["lr_rounds"]) if lrs else 1)
 

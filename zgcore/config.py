@@ -249,9 +249,11 @@ def validate_train(t: Mapping[str, Any], where: str) -> None:
         raise ConfigError(f"{where}: lr must be positive, got {t['lr']!r}")
     if float(t["epochs"]) < 0:
         raise ConfigError(f"{where}: epochs must be >= 0, got {t['epochs']!r}")
-    for k in ("max_steps", "warmup_steps", "seed"):
+    for k in ("max_steps", "warmup_steps", "seed", "prefetch"):
         _positive_int(f"{where}: {k}", t[k], zero_ok=True)
-    for k in ("batch_size", "checkpoint_every"):
+    if not isinstance(t["tensorboard"], bool):
+        raise ConfigError(f"{where}: tensorboard must be true or false, got {t['tensorboard']!r}")
+    for k in ("batch_size", "checkpoint_every", "prefetch_workers"):
         _positive_int(f"{where}: {k}", t[k])
     if float(t["epochs"]) == 0 and int(t["max_steps"]) == 0:
         raise ConfigError(f"{where}: set epochs > 0 or max_steps > 0")

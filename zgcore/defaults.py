@@ -20,6 +20,7 @@ HEAL_DEFAULTS: dict[str, Any] = {
     "grad_clip": 1.0,
     "seed": 0,
     "checkpoint_every": 25,  # not hashed
+    "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.watch); not hashed
 }
 
 # the distill section (DistillStudy's end-to-end arm): the heal settings with these changes
@@ -84,6 +85,11 @@ DEFAULTS: dict[str, Any] = {
         "grad_clip": 1.0,
         "seed": 0,
         "checkpoint_every": 25,
+        # batches read from the boundary store ahead of the step by a background thread (0 = read
+        # synchronously); same order and bytes either way, so not hashed (zgcore.feed)
+        "prefetch": 2,
+        "prefetch_workers": 1,  # worker processes reading ahead (each reads every n-th batch); not hashed
+        "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.watch); not hashed
         # local auxiliary terms through the teacher's frozen head (zgcore.objectives.aux_losses); 0 = off, not hashed
         "ce_weight": 0.0,  # next-token cross-entropy
         "mtp_weight": 0.0,  # multi-token prediction over the next mtp_n tokens

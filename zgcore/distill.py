@@ -23,7 +23,7 @@ import torch
 from .defaults import DISTILL_DEFAULTS, HEAL_DEFAULTS  # noqa: F401 (re-exported)
 from .device import autocast
 from .distill_config import check_one_width, validate_distill  # noqa: F401 (re-exported)
-from .loop import TrainLoop, data_order, loss_metrics
+from .loop import StepInfo, TrainLoop, data_order, loss_metrics
 from .memory import PeakRSS  # noqa: F401 (re-exported)
 from .objectives import regression_loss
 
@@ -104,7 +104,8 @@ def _residuals(model: torch.nn.Module, ids: torch.Tensor, layers: Sequence[int])
 
 def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarray, h: Mapping[str, Any], steps: int,
             seed: int, work: Path | None, run_hash: str, pairs: Sequence[tuple[int, int]] = (), name: str = "distill",
-            section: str = "heal", progress: Callable[[int, int, Sequence[float]], None] | None = None) -> dict[str, Any]:
+            section: str = "heal", progress: Callable[[int, int, Sequence[float]], None] | None = None,
+            callbacks: Sequence[Callable[[StepInfo], None]] = ()) -> dict[str, Any]:
     """Train ``student``'s decoder layers end to end on the teacher's logits (and hidden states).
 
     Args:
@@ -119,6 +120,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarr
             (the input of those layers); used when ``hidden_weight`` > 0.
         section: the configuration section of ``h`` (``"heal"`` or ``"distill"``), named in errors.
         progress: ``progress(step, steps, values)``.
+        callbacks: :class:`~zgcore.loop.TrainLoop` callbacks (e.g. :class:`zgcore.watch.TensorBoardWatch`).
 
     Returns:
         :meth:`TrainLoop.run`'s metrics with ``first_loss``/``final_loss`` and, per column,
@@ -140,7 +142,8 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarr
     for p in params:
         p.requires_grad_(True)
     columns = ["loss", "kd", "hidden"] if pairs else ["loss", "kd"]
-    loop = TrainLoop(name, [params], h, steps, work, run_hash, {"student": student}, columns, section=section)
+    loop = TrainLoop(name, [params], h, steps, work, run_hash, {"student": student}, columns, section=section,
+                     callbacks=callbacks)
     per_epoch = (n + bs - 1) // bs
 
     def batches(step: int) -> Iterator[torch.Tensor]:

@@ -26,15 +26,18 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
         positive_int(f"{where}.{k}", h[k])
     for k in ("warmup_steps", "seed"):
         positive_int(f"{where}.{k}", h[k], zero_ok=True)
+    if not isinstance(h["tensorboard"], bool):
+        raise ConfigError(f"{where}.tensorboard must be true or false, got {h['tensorboard']!r}")
     if "lrs" in h:
         validate_lr_search(where, h["lrs"], h["lr_rounds"])
 
 
 def distill_hashed(d: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of an end-to-end distillation a result depends on: not ``checkpoint_every``;
+    """The settings of an end-to-end distillation a result depends on: not ``checkpoint_every`` or
+    ``tensorboard``;
     without a search (``lrs`` empty or absent) not ``lrs``/``lr_rounds`` (so arms without one keep
     their hashes); with one not ``lr`` (the search chooses it)."""
-    out = {k: v for k, v in dict(d).items() if k != "checkpoint_every"}
+    out = {k: v for k, v in dict(d).items() if k not in ("checkpoint_every", "tensorboard")}
     if out.get("lrs"):
         out.pop("lr", None)
     else:

@@ -9,6 +9,9 @@ a bitwise-identical resume from them, and the final optimizer and RNG state (``t
 What a step computes (forward, losses, backward order) is the caller's ``step_fn``; it calls
 :meth:`TrainLoop.check` on each loss and :meth:`TrainLoop.update` to clip and step a group.
 
+After every step the loop hands a :class:`StepInfo` (values, lr, gradient norms, tokens/s) to
+its callbacks (e.g. :class:`zgcore.watch.TensorBoardWatch`, a live view of every training task).
+
 Checkpoints hold only tensors and plain Python values and load with
 ``torch.load(weights_only=True)``: nothing is unpickled from a shared folder.
 """
@@ -18,6 +21,7 @@ import csv
 import math
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -66,6 +70,36 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+@dataclass
+class StepInfo:
+    """What a callback of :class:`TrainLoop` sees after each step.
+
+    Attributes:
+        step: the step just done, 1-based. steps: the run's total.
+        values: the step's values by column name (``loss`` first; may hold NaN where a column has none).
+        lr: the learning rate of the step. grad_norms: each group's gradient norm before clipping
+            (empty if ``step_fn`` did not call :meth:`TrainLoop.update`).
+        tokens: token positions in the step's batch (:func:`batch_tokens`).
+        seconds: wall time of the step, waiting for its batch included (s). data_seconds: of which
+            waiting for the batch (s).
+    """
+    step: int
+    steps: int
+    values: dict[str, float]
+    lr: float
+    grad_norms: list[float] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+    data_seconds: float = 0.0
+
+
+def batch_tokens(batch: Any) -> int:
+    """Token positions in a batch: ``B * T`` of a tensor ``[B, T, ...]`` (token ids or boundary
+    states), or of the first item of a tuple or list of them; 0 for anything else."""
+    t = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    return int(t.shape[0] * t.shape[1]) if isinstance(t, torch.Tensor) and t.dim() >= 2 else 0
+
+
 class TrainLoop:
     """One training run: optimizers, schedule, clipping, finiteness checks, log, checkpoints.
 
@@ -82,11 +116,14 @@ class TrainLoop:
         columns: names of the values ``step_fn`` returns each step (the log's columns).
         section: the configuration section that holds ``t`` (``"train"``, ``"heal"``, ``"distill"``),
             named in the advice of a non-finite error (``heal.lr``, ...).
+        callbacks: called after every step with a :class:`StepInfo` (``callback(info)``); closed
+            (their ``close()``, if any) when :meth:`run` ends, however it ends. They observe only:
+            nothing they do changes the run's bytes.
     """
 
     def __init__(self, name: str, groups: Sequence[Sequence[torch.nn.Parameter]], t: Mapping[str, Any], steps: int,
                  work: Path | None, run_hash: str, modules: Mapping[str, torch.nn.Module], columns: Sequence[str],
-                 section: str = "train"):
+                 section: str = "train", callbacks: Sequence[Callable[[StepInfo], None]] = ()):
         self.name, self.steps, self.work, self.run_hash, self.section = name, int(steps), work, run_hash, section
         self.groups = [list(g) for g in groups]
         self.modules, self.columns = dict(modules), list(columns)
@@ -94,6 +131,8 @@ class TrainLoop:
         self.every = int(t.get("checkpoint_every") or 0)
         self.optimizers = [torch.optim.AdamW(g, lr=self.lr, weight_decay=float(t["weight_decay"])) for g in self.groups]
         self.log: list[list[float]] = []
+        self.callbacks = list(callbacks)
+        self._norms: dict[int, float] = {}  # this step's gradient norm per group (for the callbacks)
 
     # -- what a step function calls
     def check(self, step: int, what: str, value: float) -> float:
@@ -123,6 +162,7 @@ class TrainLoop:
         if self.clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.clip, norm)
         self.optimizers[j].step()
+        self._norms[j] = float(norm)
         return float(norm)
 
     def step_on(self, step: int, loss: torch.Tensor, values: Sequence[float] = ()) -> list[float]:
@@ -164,6 +204,7 @@ class TrainLoop:
                 batch = next(it)
                 t2 = time.perf_counter()
                 lr = lr_at(step, self.steps, self.lr, self.warmup)
+                self._norms.clear()
                 for o in self.optimizers:
                     for g in o.param_groups:
                         g["lr"] = lr
@@ -175,11 +216,19 @@ class TrainLoop:
                 bar.set_postfix(loss=f"{values[0]:.4f}")
                 if progress:
                     progress(step + 1, self.steps, values)
+                if self.callbacks:
+                    info = StepInfo(step + 1, self.steps, dict(zip(self.columns, values)), lr,
+                                    [self._norms[j] for j in sorted(self._norms)], batch_tokens(batch),
+                                    time.perf_counter() - t1, t2 - t1)
+                    for cb in self.callbacks:
+                        cb(info)
                 if self.work and self.every and (step + 1) % self.every == 0 and step + 1 < self.steps:
                     self.save(self.work / CKPT)
         finally:
             bar.close()
             getattr(it, "close", lambda: None)()
+            for cb in self.callbacks:
+                getattr(cb, "close", lambda: None)()
         if self.work:
             self.save(self.work / FINAL_STATE)
             with atomic_path(self.work / LOSS_LOG) as tmp, open(tmp, "w", newline="") as f:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -19,8 +19,9 @@ from safetensors.torch import save_file
 from .atomic import atomic_path
 from .boundary_store import BoundaryReader
 from .device import autocast
+from .feed import block_batches, to_device
 from .loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, data_order, load_checkpoint, lr_at  # noqa: F401 (re-exported)
-from .loop import loss_metrics
+from .loop import StepInfo, loss_metrics
 from .objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, objective_settings, regression_loss
 
 
@@ -45,7 +46,9 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
       objective does not read (``clean`` draws no noise: ``noise`` goes);
     * ``epochs`` when ``max_steps`` is set (``max_steps`` wins);
     * ``keep_fraction`` when ``n_layers`` is set;
-    * ``checkpoint_every`` (a resumed run ends with the same bytes as an uninterrupted one);
+    * ``checkpoint_every`` (a resumed run ends with the same bytes as an uninterrupted one),
+      ``prefetch`` and ``prefetch_workers`` (batches read ahead have the same order and bytes) and
+      ``tensorboard`` (a view);
     * ``intermediate_size`` when None, and ``importance_sequences`` when nothing is measured
       (neither ``keep="importance"`` nor a narrower MLP: see :func:`zgcore.students.needs_measure`);
     * ``ce_weight`` when 0, ``mtp_weight`` and ``mtp_n`` when ``mtp_weight`` is 0 (a term of
@@ -62,7 +65,8 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
         out.pop("epochs", None)
     if out.get("n_layers") is not None:
         out.pop("keep_fraction", None)
-    out.pop("checkpoint_every", None)
+    for k in ("checkpoint_every", "prefetch", "prefetch_workers", "tensorboard"):
+        out.pop(k, None)
     if out.get("intermediate_size") is None:
         out.pop("intermediate_size", None)
         if out.get("keep") != "importance":
@@ -84,7 +88,8 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
 def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: int, t: Mapping[str, Any],
                 seed: int, work: Path, run_hash: str,
                 progress: Callable[[int, int, float], None] | None = None, name: str | None = None,
-                head: Callable[[torch.Tensor], torch.Tensor] | None = None, tokens: np.ndarray | None = None) -> dict[str, Any]:
+                head: Callable[[torch.Tensor], torch.Tensor] | None = None, tokens: np.ndarray | None = None,
+                callbacks: Sequence[Callable[[StepInfo], None]] = ()) -> dict[str, Any]:
     """Train ``block`` to map boundary ``b_in`` to boundary ``b_out`` under objective ``t["objective"]``.
 
     The loss is :func:`~zgcore.objectives.regression_loss` with ``t["loss_norm"]``; its channel
@@ -92,6 +97,13 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     With ``t["ce_weight"]`` or ``t["mtp_weight"]`` > 0 the local auxiliary terms of
     :func:`~zgcore.objectives.aux_losses` on ``head(block(input))`` are added with those weights;
     the loss log then has the columns ``loss`` (the total), ``regression``, and ``ce`` / ``mtp``.
+
+    From a :class:`~zgcore.boundary_store.BoundaryReader`, ``t["prefetch"]`` batches (0 = none)
+    are read, widened to float32 and checked ahead of the step by each of ``t["prefetch_workers"]``
+    worker processes (:func:`zgcore.feed.block_batches`), into page-locked memory when the block is on CUDA, and
+    copied with ``non_blocking``: the same batches in the same order with the same bytes as a
+    synchronous read, so the weights are bitwise identical either way. Online targets are
+    computed synchronously.
 
     Args:
         block: a :class:`~zgcore.adapters.StudentBlock` (float32), modified in place.
@@ -105,6 +117,7 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
             logits ``[B, T, V]`` (e.g. ``lambda h: head_logits(teacher, h)``); needed by the auxiliary terms.
         tokens: the train split's token ids ``[n_train, T]`` int64, in the store's sequence order
             (``tokens[i]`` produced boundary sequence ``i``); needed by the auxiliary terms.
+        callbacks: :class:`~zgcore.loop.TrainLoop` callbacks (e.g. :class:`zgcore.watch.TensorBoardWatch`).
 
     Returns:
         Metrics: ``steps``, ``first_loss``, ``final_loss`` (mean of the last 10% of steps),
@@ -113,6 +126,8 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
 
     Raises:
         NonFiniteError: a non-finite loss or gradient norm (the last checkpoint stays in ``work``).
+        BoundaryStoreError: a damaged shard (also when the prefetching worker read it: the same
+            error and message, raised at the step that needs the batch).
         ValueError: auxiliary terms without ``head`` and ``tokens``, or ``tokens`` of another length than the store.
     """
     active = aux_active(t)
@@ -128,18 +143,30 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     in_scale = reader.stats(b_in)
     params = [p for p in block.parameters() if p.requires_grad]
     loop = TrainLoop(name or f"block {b_in}->{b_out}", [params], t, total_steps(n, t), work, run_hash,
-                     {"block": block}, ["loss", "regression", *active] if active else ["loss"])
+                     {"block": block}, ["loss", "regression", *active] if active else ["loss"], callbacks=callbacks)
+    cached = isinstance(reader, BoundaryReader)
+    ahead = int(t.get("prefetch") or 0) if cached else 0
 
-    def pairs(step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        while True:
+    def reads(step: int) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
+        """``(step, idx, x, y)`` from ``step`` on, on the CPU (:func:`zgcore.feed.store_batches`)."""
+        if cached:
+            yield from block_batches(reader, b_in, b_out, n, seed, bs, step, loop.steps, ahead, device.type == "cuda",
+                                     int(t.get("prefetch_workers") or 1))
+            return
+        while True:  # online targets: the teacher runs here, synchronously
             epoch, k = divmod(step, per_epoch)
             order = data_order(n, seed, epoch)
             for kb, x, y in reader.batches("train", b_in, b_out, order, bs, start=k):
-                gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-                inp, target = objective.make_pair(x.to(device), y.to(device), ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
-                ids = torch.as_tensor(tokens[order[kb * bs: (kb + 1) * bs]], device=device) if active else None
-                yield inp, target, ids
+                yield step, order[kb * bs: (kb + 1) * bs], x, y
                 step += 1
+
+    def pairs(step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        for s, idx, x, y in reads(step):
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + s)
+            inp, target = objective.make_pair(to_device(x, device), to_device(y, device),
+                                              ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
+            ids = torch.as_tensor(tokens[np.asarray(idx)], device=device) if active else None
+            yield inp, target, ids
 
     def step_fn(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], step: int) -> list[float]:
         inp, target, ids = batch

@@ -52,6 +52,7 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "execution": "together",
         "log_every": 10,
         "checkpoint_every": 50,  # steps between checkpoints of a PretrainLocal (resume); not hashed
+        "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.watch); not hashed
     },
     "local": {
         "K": 1,
@@ -147,6 +148,8 @@ def validate_train(t: Mapping[str, Any], seq_len: int) -> None:
         _int(f"train.{k}", t[k], lo=0)
     _int("train.log_every", t["log_every"])
     _int("train.checkpoint_every", t["checkpoint_every"])
+    if not isinstance(t["tensorboard"], bool):
+        raise ConfigError(f"train.tensorboard must be true or false, got {t['tensorboard']!r}")
     if t["execution"] not in EXECUTIONS:
         raise ConfigError(f"train.execution must be one of {EXECUTIONS}, got {t['execution']!r}")
 
@@ -163,7 +166,7 @@ def normalise_run(run: Mapping[str, Any]) -> dict[str, Any]:
     loc["mtp_boundaries"] = sorted(int(b) for b in loc["mtp_boundaries"])
     if not loc["mtp_boundaries"]:
         loc.update(mtp_n=1, mtp_weight=0.0)
-    run["train"] = {k: v for k, v in run["train"].items() if k not in ("log_every", "checkpoint_every")}
+    run["train"] = {k: v for k, v in run["train"].items() if k not in ("log_every", "checkpoint_every", "tensorboard")}
     if not run["train"].get("holdout_sequences"):  # no tuning split: the form (and hash) of a run without a sweep
         run["train"].pop("holdout_sequences", None)
     return run

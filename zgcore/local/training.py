@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError
-from ..loop import TrainLoop, data_order
+from ..loop import StepInfo, TrainLoop, data_order
 from ..memory import measure_peak
 from ..metrics import cross_entropies
 from .config import EXECUTIONS, steps_for
@@ -94,7 +94,8 @@ def measure_activation_memory(lm: LocalLM, ids: torch.Tensor, mode: str) -> dict
 
 def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], device: str = "cpu",
                 progress: Callable[[int, int, Sequence[float]], None] | None = None,
-                work: Path | None = None, run_hash: str = "", name: str = "local learning") -> dict[str, Any]:
+                work: Path | None = None, run_hash: str = "", name: str = "local learning",
+                callbacks: Sequence[Callable[[StepInfo], None]] = ()) -> dict[str, Any]:
     """Pretrain ``lm`` on ``train_tokens`` (``[n, T]`` model ids, int64) for the token budget.
 
     Each block has its own AdamW (``lr`` with linear warmup then cosine to 10%, ``weight_decay``,
@@ -108,6 +109,7 @@ def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], dev
         work: folder for checkpoints (every ``checkpoint_every`` steps), ``loss_log.csv`` and
             ``train_state.pt``; a run started again resumes bitwise from its last checkpoint.
             ``None``: nothing on disk. run_hash: a checkpoint of another hash is never resumed.
+        callbacks: :class:`~zgcore.loop.TrainLoop` callbacks (e.g. :class:`zgcore.watch.TensorBoardWatch`).
 
     Returns:
         ``{"steps", "tokens", "tokens_sha256" (of the int64 model ids seen, in order), "seconds",
@@ -123,7 +125,7 @@ def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], dev
     first = torch.as_tensor(train_tokens[batch_indices(len(train_tokens), bsz, data_seed, 0)], device=device)
     memory = {m: measure_activation_memory(lm, first, m) for m in EXECUTIONS}
     cols = [f"ce_b{j + 1}" for j in range(lm.k)] + [f"mtp_b{j + 1}" for j in range(lm.k)]
-    loop = TrainLoop(name, [lm.block_params(j) for j in range(lm.k)], t, steps, work, run_hash, {"lm": lm}, cols)
+    loop = TrainLoop(name, [lm.block_params(j) for j in range(lm.k)], t, steps, work, run_hash, {"lm": lm}, cols, callbacks=callbacks)
     step_fn = STEPS[t["execution"]]
     sha = hashlib.sha256()
 

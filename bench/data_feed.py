@@ -1,0 +1,224 @@
+"""The boundary store's input pipeline (issue 18), as ratios measured in one run on this machine.
+
+    python bench/data_feed.py            # hidden 576 (SmolLM2), 256 x 256-token sequences per boundary, ~5 min
+    python bench/data_feed.py --quick    # the same shapes, 48 sequences, fewer repeats (under a minute)
+
+A randomly initialised one-layer Llama of the store's hidden size (no download) writes a store of
+boundaries 0 and 1 per storage dtype (float32, bfloat16, float16; one chunk per sequence,
+Fletcher32) in a temporary folder; everything is then read from the page cache.
+
+(a) ``read/raw <dtype> <ratio>``: the bytes :meth:`BoundaryReader.batches` delivers per second
+    (both boundaries, a shuffled order, batch sizes 8, 16 and 32; stored bytes, widened to
+    float32 and checked) over the bytes per second of reading the same shard files whole with
+    ``open().read()``; best of ``--repeats`` runs each, interleaved. The line gives the smallest
+    ratio over the batch sizes (target >= 0.8).
+(b) ``wait <step_ms> sync <fraction> prefetch <fraction>``: a consumer that spends a fixed time
+    per batch (``time.sleep``, releasing the GIL as a thread waiting on an accelerator does)
+    iterates the float32 store's batches (batch size 8) read synchronously and through
+    :func:`zgcore.feed.prefetch` (a worker process, ``train.prefetch`` default ahead): the share of wall time not spent
+    in the consumer's own step, i.e. waiting for data (target < 0.05 with prefetching wherever
+    the reader alone is faster than the step; the reader alone's time per batch is printed).
+(c) ``identity``: a student block trained on the float32 store with ``train.prefetch`` 0 and 3
+    ends with bitwise identical weights.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+DTYPES = ("float32", "bfloat16", "float16")
+BATCH_SIZES = (8, 16, 32)
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes (under a minute)")
+    p.add_argument("--sequences", type=int, default=None, help="training sequences in the store (default 256; 48 quick)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 256)")
+    p.add_argument("--hidden", type=int, default=None, help="hidden size (default 576, SmolLM2's)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats of each read (best kept; default 5; 3 quick)")
+    p.add_argument("--steps-ms", type=float, nargs="+", default=[2.0, 20.0, 50.0], help="simulated step times (ms)")
+    p.add_argument("--batches", type=int, default=None, help="batches per simulated run (default 200; 40 quick)")
+    p.add_argument("--workers", type=int, default=1, help="prefetching worker processes (train.prefetch_workers)")
+    p.add_argument("--prefetch", type=int, default=None, help="batches ahead (default: train.prefetch's default)")
+    a = p.parse_args(argv)
+    a.sequences = a.sequences or (48 if a.quick else 256)
+    a.seq_len = a.seq_len or 256
+    a.hidden = a.hidden or 576
+    a.repeats = a.repeats or (3 if a.quick else 5)
+    a.batches = a.batches or (40 if a.quick else 200)
+    return a
+
+
+def build(root: Path, a) -> dict:
+    """One store per storage dtype from a random one-layer teacher; returns ``{dtype: path}`` and the teacher."""
+    from bench.common import random_teacher
+    from zgcore.boundary_store import build_store
+    from zgcore.teacher import load
+
+    random_teacher(root / "teacher", 1, a.hidden, 2 * a.hidden, heads=max(1, a.hidden // 64), kv_heads=1)
+    model, _ = load({"path": str(root / "teacher")})
+    rng = np.random.default_rng(0)
+    tokens = {"train": rng.integers(0, 256, (a.sequences, a.seq_len)).astype(np.int32),
+              "val": rng.integers(0, 256, (8, a.seq_len)).astype(np.int32)}
+    stores = {}
+    for dtype in DTYPES:
+        stores[dtype] = root / dtype
+        build_store(stores[dtype], model, tokens, [0, 1], dtype, 8, {}, shard_sequences=-(-a.sequences // 8) * 8,
+                    log=lambda m: None)
+    return stores, model
+
+
+def shard_files(reader, bs=(0, 1)) -> list[Path]:
+    return [reader._shard_dir(sh) / sh["files"][f"b{b}"]["name"] for sh in reader.shards["train"] for b in bs]
+
+
+def raw_read(files: list[Path]) -> float:
+    """Seconds to read ``files`` whole (page cache)."""
+    t0 = time.perf_counter()
+    for f in files:
+        with open(f, "rb") as fh:
+            fh.read()
+    return time.perf_counter() - t0
+
+
+def raw_readinto(files: list[Path], buf: bytearray) -> float:
+    """Seconds to read ``files`` into one reused buffer (a pure copy from the page cache)."""
+    t0 = time.perf_counter()
+    for f in files:
+        with open(f, "rb", buffering=0) as fh:
+            fh.readinto(memoryview(buf)[: f.stat().st_size])
+    return time.perf_counter() - t0
+
+
+def store_read(reader, order: np.ndarray, batch_size: int) -> float:
+    """Seconds to iterate every batch of boundaries 0 and 1 in ``order``."""
+    t0 = time.perf_counter()
+    for _ in reader.batches("train", 0, 1, order, batch_size):
+        pass
+    return time.perf_counter() - t0
+
+
+def read_ratios(stores: dict, a) -> dict:
+    """Per dtype and batch size: store bytes/s over raw bytes/s (best of ``a.repeats``, interleaved)."""
+    from zgcore.boundary_store import BoundaryReader
+
+    out = {}
+    order = np.random.default_rng(1).permutation(a.sequences)
+    for dtype, path in stores.items():
+        with BoundaryReader(path) as r:
+            files = shard_files(r)
+            file_bytes = sum(f.stat().st_size for f in files)
+            data_bytes = 2 * a.sequences * a.seq_len * a.hidden * (4 if dtype == "float32" else 2)
+            buf = bytearray(max(f.stat().st_size for f in files))
+            raw_read(files), store_read(r, order, 8)  # warm the page cache and the open files
+            for bs in BATCH_SIZES:
+                raw_s, into_s, store_s = [], [], []
+                for _ in range(a.repeats):
+                    raw_s.append(raw_read(files))
+                    into_s.append(raw_readinto(files, buf))
+                    store_s.append(store_read(r, order, bs))
+                raw_gbs, store_gbs = file_bytes / min(raw_s) / 1e9, data_bytes / min(store_s) / 1e9
+                into_gbs = file_bytes / min(into_s) / 1e9
+                out[(dtype, bs)] = (store_gbs / raw_gbs, store_gbs, raw_gbs, into_gbs)
+                print(f"  {dtype:8s} batch {bs:2d}: store {store_gbs:.2f} GB/s of stored bytes; raw read() "
+                      f"{raw_gbs:.2f}, readinto a reused buffer {into_gbs:.2f} GB/s of file bytes "
+                      f"(file/data {file_bytes / data_bytes:.3f})", flush=True)
+    return out
+
+
+def _all_batches(path: str, order: np.ndarray, batch_size: int, passes: int, worker: int = 0, workers: int = 1):
+    """Batches ``worker, worker + workers, ...`` of boundaries 0 and 1 in ``order``, repeated
+    ``passes`` times, from a reader of its own (what a worker process runs)."""
+    from zgcore.boundary_store import BoundaryReader
+
+    batches = [order[k: k + batch_size] for k in range(0, len(order), batch_size)] * passes
+    with BoundaryReader(path) as r:
+        for idx in batches[worker::workers]:
+            yield r.read("train", 0, idx), r.read("train", 1, idx)
+
+
+def wait_fractions(path: Path, a, ahead: int) -> dict:
+    """Per step time: the share of wall time a sleeping consumer waits for data, sync and prefetching."""
+    from zgcore.boundary_store import BoundaryReader
+    from zgcore.feed import prefetch
+
+    order = np.random.default_rng(2).permutation(a.sequences)
+    bs, out = 8, {}
+    per_pass = (a.sequences + bs - 1) // bs
+    passes = max(1, -(-a.batches // per_pass))  # the worker starts once per TrainBlock: amortise it as a run does
+    n_batches = passes * per_pass
+    with BoundaryReader(path) as r:
+        alone = min(store_read(r, order, bs) for _ in range(a.repeats)) / per_pass
+        print(f"  the reader alone: {1e3 * alone:.2f} ms per batch of {bs}", flush=True)
+        for step_ms in a.steps_ms:
+            res = {}
+            for mode, k in (("sync", 0), ("prefetch", ahead)):
+                best = None
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    for _batch in prefetch(partial(_all_batches, str(path), order, bs, passes), k, workers=a.workers):
+                        time.sleep(step_ms / 1e3)
+                    wall = time.perf_counter() - t0
+                    frac = max(0.0, (wall - n_batches * step_ms / 1e3) / wall)
+                    best = frac if best is None else min(best, frac)
+                res[mode] = best
+            out[step_ms] = (res["sync"], res["prefetch"], alone)
+    return out
+
+
+def identity(path: Path, model, a) -> bool:
+    """A block trained with prefetch 0 and 3 on the float32 store: bitwise identical weights?"""
+    from bench.common import train_settings
+    from zgcore.adapters import build_block
+    from zgcore.boundary_store import BoundaryReader
+    from zgcore.train import train_block
+
+    weights = []
+    for ahead in (0, 3):
+        block = build_block(model, [0], "teacher", 7)
+        t = train_settings(4, max_steps=6 if a.quick else 20, prefetch=ahead, objective="noisy")
+        with BoundaryReader(path) as r, tempfile.TemporaryDirectory() as work:
+            train_block(block, r, 0, 1, t, 7, Path(work), f"p{ahead}")
+        weights.append(block.layer_state_dict())
+    return weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def main(argv=None) -> int:
+    from zgcore.defaults import DEFAULTS
+
+    a = parse(argv)
+    ahead = a.prefetch if a.prefetch is not None else int(DEFAULTS["train"]["prefetch"])
+    torch.manual_seed(0)
+    root = Path(tempfile.mkdtemp(prefix="data_feed-"))
+    try:
+        print(f"stores: {a.sequences} sequences x {a.seq_len} tokens x hidden {a.hidden}, boundaries 0 and 1, "
+              f"{', '.join(DTYPES)}", flush=True)
+        stores, model = build(root, a)
+        ratios = read_ratios(stores, a)
+        waits = wait_fractions(stores["float32"], a, ahead)
+        same = identity(stores["float32"], model, a)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"identity weights prefetch 0 vs 3: {'bitwise identical' if same else 'DIFFERENT'}")
+    for dtype in DTYPES:
+        print(f"read/raw {dtype} {min(ratios[(dtype, bs)][0] for bs in BATCH_SIZES):.2f}")
+    for step_ms, (sync, pre, _) in waits.items():
+        print(f"wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""The input pipeline (issue 18): the store's per-run read path, the prefetching worker (order,
+bound, errors), prefetch on/off identity of a trained block, a damaged shard met by the prefetch
+worker, and TensorBoard event files written while a run is in progress, one run per task."""
+import time
+from pathlib import Path
+
+import h5py
+import luigi
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import tiny_cfg
+from workflows import RunExperiment
+from workflows.cli import walk
+from workflows.experiment import build_experiment, load_config
+from zgcore.boundary_store import BoundaryReader, BoundaryStoreError, build_store, from_storage
+from zgcore.feed import prefetch
+from zgcore.teacher import load, materialise
+
+FAILURES: list[tuple[str, str]] = []
+
+
+@luigi.Task.event_handler(luigi.Event.FAILURE)
+def _record_failure(task, exc):
+    FAILURES.append((task.get_task_family(), str(exc)))
+
+
+def tasks_of(cfg, out, family):
+    return [t for t in walk(build_experiment(load_config(overrides=cfg, preset=""), str(out))) if t.get_task_family() == family]
+
+
+# -- the prefetching worker
+
+def test_prefetch_keeps_the_order_and_at_most_ahead_items_in_flight():
+    import multiprocessing
+    import os
+
+    ctx = multiprocessing.get_context("fork")
+    produced, received, beyond, pid = ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("i", -99), ctx.Value("i", 0)
+
+    def source(worker, workers):
+        assert (worker, workers) == (0, 1)
+        pid.value = os.getpid()
+        for i in range(40):
+            beyond.value = max(beyond.value, i - received.value)  # how far past the items received this one is
+            produced.value += 1
+            yield i, torch.full((3,), float(i))
+
+    for ahead in (1, 3):
+        produced.value, received.value, beyond.value = 0, 0, -99
+        got, held = [], []
+        for i, x in prefetch(source, ahead):
+            received.value += 1
+            got.append((i, x.tolist()))
+            time.sleep(0.01)  # a consumer slower than the source: the worker runs as far ahead as allowed
+            held.append(produced.value - received.value)  # produced, not yet handed out, while the step works
+        assert got == [(i, [float(i)] * 3) for i in range(40)]
+        assert pid.value != os.getpid()  # produced in a worker process
+        assert beyond.value <= ahead and max(held) == ahead and all(h <= ahead for h in held)
+    assert not multiprocessing.active_children()  # the worker is gone
+    assert [i for i, _ in prefetch(source, 0)] == list(range(40)) and pid.value == os.getpid()
+
+
+def test_several_workers_take_turns_and_keep_the_order():
+    def source(worker, workers):
+        for i in range(worker, 30, workers):
+            if i == 23:
+                raise BoundaryStoreError("boundary shard file /x/b4.h5: 1 non-finite value(s)")
+            yield i, torch.full((2,), float(i))
+
+    got = []
+    with pytest.raises(BoundaryStoreError, match="/x/b4.h5"):
+        for i, x in prefetch(source, 2, workers=3):
+            got.append(i)
+            assert x.tolist() == [float(i)] * 2
+    assert got == list(range(23))  # in order across the three workers, up to the failing item
+
+
+def test_prefetch_raises_the_sources_error_at_its_item_with_its_message_and_stops_the_worker():
+    import multiprocessing
+
+    def source(worker, workers):
+        for i in range(10):
+            if i == 3:
+                raise BoundaryStoreError("boundary shard file /x/b2.h5: checksum failure while reading")
+            yield i
+
+    got = []
+    with pytest.raises(BoundaryStoreError) as e:
+        for x in prefetch(source, 4):
+            got.append(x)
+    assert got == [0, 1, 2] and str(e.value) == "boundary shard file /x/b2.h5: checksum failure while reading"
+
+    def endless(worker, workers):
+        i = 0
+        while True:
+            yield i
+            i += 1
+
+    it = prefetch(endless, 2)
+    assert [next(it) for _ in range(5)] == [0, 1, 2, 3, 4]
+    it.close()  # the consumer stops early: the worker stops at once
+    assert not multiprocessing.active_children()
+
+
+# -- the read path
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = tmp_path_factory.mktemp("feed")
+    model, _ = load(materialise("tiny-llama", outputs=d))
+    rng = np.random.default_rng(0)
+    tokens = {"train": rng.integers(0, 256, (11, 16)).astype(np.int32), "val": rng.integers(0, 256, (3, 16)).astype(np.int32)}
+    out = {}
+    for dtype in ("float32", "bfloat16", "float16"):
+        build_store(d / dtype, model, tokens, [0, 2], dtype, 2, {}, shard_sequences=4, log=lambda m: None)
+        out[dtype] = d / dtype
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_reads_in_any_order_give_the_stored_bytes_widened_to_float32(stores, dtype):
+    path = stores[dtype]
+    with BoundaryReader(path) as r:
+        ref = []  # each sequence read alone with h5py from its shard file, through from_storage
+        for sh in r.shards["train"]:
+            with h5py.File(r._shard_dir(sh) / "b2.h5", "r") as f:
+                ref += [from_storage(f["h"][i], dtype) for i in range(sh["hi"] - sh["lo"])]
+        ref = torch.stack(ref)
+        for idx in ([3, 4, 5, 6, 7], [10, 0, 7, 7, 2, 9, 8], list(range(11)), list(range(10, -1, -1)), [5], []):
+            got = r.read("train", 2, idx)
+            assert got.dtype == torch.float32 and got.shape == (len(idx), 16, ref.shape[-1])
+            assert torch.equal(got, ref[idx])  # runs across shard edges, repeats, reversed order: exact
+        with pytest.raises(IndexError):
+            r.read("train", 2, [11])
+
+
+# -- prefetching in a training task
+
+CFG = tiny_cfg(**{"train.max_steps": 30, "train.batch_size": 3, "train.checkpoint_every": 10,
+                  "boundary.shard_sequences": 32, "train.objective": "noisy"})
+
+
+def blocks(out):
+    return {p.parent.name: p.read_bytes() for p in sorted(Path(out).glob("TrainBlock/*/block.safetensors"))}
+
+
+def test_prefetch_on_and_off_give_the_same_block_bytes_and_hash(tmp_path, run_graph):
+    runs = {}
+    for ahead, workers in ((0, 1), (1, 1), (4, 3)):
+        cfg = CFG + f" train.prefetch={ahead} train.prefetch_workers={workers}"
+        assert run_graph(RunExperiment(preset="", set=cfg, outputs=str(tmp_path / f"p{ahead}")))[0]
+        runs[ahead] = blocks(tmp_path / f"p{ahead}")
+    assert len(runs[0]) == 2 and runs[0] == runs[1] == runs[4]  # same folder names (unhashed) and bytes
+    off = CFG + " train.prefetch=0 train.prefetch_workers=2 train.tensorboard=false"
+    assert {t.uid for t in tasks_of(off, tmp_path, "TrainBlock")} == {t.uid for t in tasks_of(CFG, tmp_path, "TrainBlock")}
+
+
+def test_a_damaged_shard_read_by_the_prefetch_worker_fails_the_block_naming_it(tmp_path, run_graph):
+    out = tmp_path / "out"
+    cfg = CFG + " train.prefetch=3 train.max_steps=2"
+    assert run_graph(RunExperiment(preset="", set=cfg, outputs=str(out)))[0]
+    f = next((out / "BoundaryShard").glob("train-00000032-*")) / "b2.h5"
+    with h5py.File(f, "r") as h:
+        offset = h["h"].id.get_chunk_info(5).byte_offset
+    raw = bytearray(f.read_bytes())
+    raw[offset + 64] ^= 0x01
+    f.write_bytes(bytes(raw))
+    FAILURES.clear()
+    cfg = CFG + " train.prefetch=3 train.max_steps=30"  # 30 batches of 3 read every training sequence
+    assert not run_graph(RunExperiment(preset="", set=cfg, outputs=str(out)))[0]
+    msgs = [m for fam, m in FAILURES if fam == "TrainBlock"]
+    assert msgs and msgs[0].startswith(f"boundary shard file {f.resolve()}: checksum failure")
+    assert list((out / "BoundaryShard").glob("train-00000032-*.damaged-*"))  # moved aside to be rebuilt
+    assert not tasks_of(cfg, out, "TrainBlock")[1].out_dir.exists()
+
+
+# -- TensorBoard
+
+def _scalars(run: Path) -> dict[str, list[int]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run))
+    acc.Reload()
+    return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_runs_fill_while_the_tasks_train_one_run_per_task(tmp_path, run_graph, monkeypatch):
+    import tasks.base
+    import zgcore.watch
+
+    monkeypatch.setattr(zgcore.watch, "FLUSH_SECONDS", 0.05)
+    out = tmp_path / "out"
+    seen = {}
+    progress = tasks.base.ZGTask.progress
+
+    def peek(self, done, total, message=""):  # in the middle of a training task: what is on disk now?
+        if self.get_task_family() in ("TrainBlock", "Heal") and done == 4 and self.get_task_family() not in seen:
+            time.sleep(0.3)  # two flush periods of the writer's thread
+            seen[self.get_task_family()] = (self.out_dir.exists(), _scalars(self.tensorboard_dir))
+        return progress(self, done, total, message)
+
+    monkeypatch.setattr(tasks.base.ZGTask, "progress", peek)
+    cfg = CFG + " train.max_steps=8 heal.steps=6 heal.checkpoint_every=3"
+    assert run_graph(RunExperiment(preset="", set=cfg, outputs=str(out)))[0]
+    for fam in ("TrainBlock", "Heal"):
+        done, scalars = seen[fam]
+        assert not done  # the task was still running
+        assert scalars["loss/loss"][:3] == [1, 2, 3] and "lr" in scalars and "grad_norm" in scalars
+        assert "throughput/tokens_per_s" in scalars
+    runs = sorted(p.relative_to(out / "tensorboard").as_posix() for p in (out / "tensorboard").glob("*/*"))
+    blocks_ = tasks_of(cfg, out, "TrainBlock")
+    assert runs == sorted([f"Heal/{tasks_of(cfg, out, 'Heal')[0].out_dir.name}"] + [f"TrainBlock/{t.out_dir.name}" for t in blocks_])
+    final = _scalars(blocks_[0].tensorboard_dir)
+    assert final["loss/loss"] == list(range(1, 9)) and final["lr"] == list(range(1, 9))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(blocks_[0].tensorboard_dir))
+    acc.Reload()
+    log = np.loadtxt(blocks_[0].out_dir / "loss_log.csv", delimiter=",", skiprows=1)
+    assert np.allclose([e.value for e in acc.Scalars("loss/loss")], log[:, 1], rtol=1e-6)  # the loss log's values
+
+    off = tmp_path / "off"
+    assert run_graph(RunExperiment(preset="", set=cfg + " train.tensorboard=false heal.tensorboard=false",
+                                   outputs=str(off)))[0]
+    assert not (off / "tensorboard").exists()
+    assert sorted(p.name for p in off.glob("TrainBlock/*")) == sorted(p.name for p in out.glob("TrainBlock/*"))
+
+
+def test_the_end_to_end_arm_and_local_learning_write_their_runs_too(tmp_path, run_graph):
+    from workflows import load_config
+    from workflows.distill import build_distill_study
+    from workflows.local import LocalLearningStudy
+
+    study = build_distill_study(load_config("", "heal.steps=0", "distill_tiny"), str(tmp_path))
+    e2e = study.requires()["e2e"].requires()["model"]
+    assert run_graph(e2e)[0]
+    tags = _scalars(e2e.tensorboard_dir)
+    steps = len((e2e.out_dir / "loss_log.csv").read_text().splitlines()) - 1
+    assert tags["loss/kd"] == tags["loss/hidden"] == tags["grad_norm"] == list(range(1, steps + 1))
+    assert [p.parent.name for p in (tmp_path / "tensorboard").glob("*/*")] == ["DistillE2E"]
+
+    out = tmp_path / "local"
+    over = "study.K=[1,2] study.aux=[mlp] study.mtp=[off]"
+    assert run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(out)))[0]
+    runs = sorted((out / "tensorboard" / "PretrainLocal").iterdir())
+    assert [r.name.split("-")[0] for r in runs] == ["K1", "K2"]  # one run per configuration
+    tags = _scalars(runs[1])
+    assert tags["loss/ce_b1"] == tags["loss/ce_b2"] == list(range(1, 9)) and "loss/mtp_b1" not in tags  # NaN: skipped
+    assert tags["grad_norm/group0"] == tags["grad_norm/group1"] == list(range(1, 9))  # one per gradient-isolated block
+    off = tmp_path / "local-off"
+    assert run_graph(LocalLearningStudy(preset="local_tiny", set=over + " train.tensorboard=false", outputs=str(off)))[0]
+    assert not (off / "tensorboard").exists()
+    assert sorted(p.name for p in off.glob("PretrainLocal/*")) == sorted(p.name for p in out.glob("PretrainLocal/*"))
