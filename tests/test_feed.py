@@ -47,6 +47,7 @@ def test_prefetch_keeps_the_order_and_at_most_ahead_items_in_flight():
             produced.value += 1
             yield i, torch.full((3,), float(i))
 
+    rng = torch.get_rng_state()
     for ahead in (1, 3):
         produced.value, received.value, beyond.value = 0, 0, -99
         got, held = [], []
@@ -59,6 +60,7 @@ def test_prefetch_keeps_the_order_and_at_most_ahead_items_in_flight():
         assert pid.value != os.getpid()  # produced in a worker process
         assert beyond.value <= ahead and max(held) == ahead and all(h <= ahead for h in held)
     assert not multiprocessing.active_children()  # the worker is gone
+    assert torch.equal(torch.get_rng_state(), rng)  # the global RNG (a checkpoint records it) is untouched
     assert [i for i, _ in prefetch(source, 0)] == list(range(40)) and pid.value == os.getpid()
 
 
@@ -153,6 +155,9 @@ def test_prefetch_on_and_off_give_the_same_block_bytes_and_hash(tmp_path, run_gr
         assert run_graph(RunExperiment(preset="", set=cfg, outputs=str(tmp_path / f"p{ahead}")))[0]
         runs[ahead] = blocks(tmp_path / f"p{ahead}")
     assert len(runs[0]) == 2 and runs[0] == runs[1] == runs[4]  # same folder names (unhashed) and bytes
+    rng = {a: [torch.load(p, weights_only=True)["torch_rng"] for p in sorted((tmp_path / f"p{a}").glob("TrainBlock/*/train_state.pt"))]
+           for a in runs}
+    assert all(torch.equal(x, y) for a in (1, 4) for x, y in zip(rng[0], rng[a]))  # the final state records the same RNG
     off = CFG + " train.prefetch=0 train.prefetch_workers=2 train.tensorboard=false"
     assert {t.uid for t in tasks_of(off, tmp_path, "TrainBlock")} == {t.uid for t in tasks_of(CFG, tmp_path, "TrainBlock")}
 

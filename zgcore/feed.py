@@ -83,9 +83,11 @@ def prefetch(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_mem
     if ahead <= 0:
         yield from make_source(0, 1)
         return
+    # a generator of its own: the DataLoader draws its workers' base seed from it, and drawing from
+    # the global one would change the torch RNG state a checkpoint records
     loader = DataLoader(_Source(make_source), batch_size=None, num_workers=max(1, int(workers)),
                         prefetch_factor=int(ahead), pin_memory=pin_memory, collate_fn=_as_is,
-                        multiprocessing_context=_context())
+                        multiprocessing_context=_context(), generator=torch.Generator().manual_seed(0))
     it = iter(loader)
     try:
         for item in it:

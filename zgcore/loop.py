@@ -162,8 +162,8 @@ class TrainLoop:
         if self.clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.clip, norm)
         self.optimizers[j].step()
-        self._norms[j] = float(norm)
-        return float(norm)
+        self._norms[j] = value = float(norm)
+        return value
 
     def step_on(self, step: int, loss: torch.Tensor, values: Sequence[float] = ()) -> list[float]:
         """One optimizer step of a one-group run on ``loss``: check that it is finite, backpropagate,
