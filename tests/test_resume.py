@@ -10,12 +10,24 @@ import torch
 from tests.conftest import kill_at_first_checkpoint, tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
-LONG = tiny_cfg(**{"train.max_steps": 400, "train.checkpoint_every": 10, "train.batch_size": 2})
+# prefetching (issue 18): the killed run had batches in flight in its worker process
+LONG = tiny_cfg(**{"train.max_steps": 400, "train.checkpoint_every": 10, "train.batch_size": 2, "train.prefetch": 3})
 
 
 def _cmd(out, device="cpu"):
     return [sys.executable, "-m", "luigi", "--module", "workflows", "RunExperiment", "--local-scheduler",
             "--preset", "", "--outputs", str(out), "--set", LONG + f" device={device}"]
+
+
+def _curves(out):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    curves = []
+    for run in sorted(Path(out).glob("tensorboard/TrainBlock/*")):
+        acc = EventAccumulator(str(run))
+        acc.Reload()
+        curves.append([(e.step, e.value) for e in acc.Scalars("loss/loss")])
+    return curves
 
 
 def _blocks(out):
@@ -41,6 +53,9 @@ def test_sigkill_mid_block_resumes_to_identical_bytes(tmp_path, device):
     assert next(out.glob("BoundaryShard/train-*/b0.h5")).stat().st_mtime_ns == boundary_mtime  # cache not rebuilt
     assert _blocks(out) == _blocks(ref) and len(_blocks(ref)) == 2  # byte-identical block weights
     assert not list(out.glob("TrainBlock/*.partial"))
+    # TensorBoard: one curve per block, steps 1..400 once each (flushed before each checkpoint; what the
+    # killed run logged after its last checkpoint is purged), with the uninterrupted run's values
+    assert _curves(out) == _curves(ref) and [s for s, _ in _curves(ref)[0]] == list(range(1, 401))
 
 
 def test_damaged_checkpoint_and_cache_are_detected_not_used(tmp_path, run_graph):

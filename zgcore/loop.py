@@ -116,8 +116,10 @@ class TrainLoop:
         columns: names of the values ``step_fn`` returns each step (the log's columns).
         section: the configuration section that holds ``t`` (``"train"``, ``"heal"``, ``"distill"``),
             named in the advice of a non-finite error (``heal.lr``, ...).
-        callbacks: called after every step with a :class:`StepInfo` (``callback(info)``); closed
-            (their ``close()``, if any) when :meth:`run` ends, however it ends. They observe only:
+        callbacks: called after every step with a :class:`StepInfo` (``callback(info)``); flushed
+            (their ``flush()``, if any) before each checkpoint is written, so a run resumed from a
+            checkpoint finds their record complete up to it; closed (``close()``, if any) when
+            :meth:`run` ends, however it ends. They observe only:
             nothing they do changes the run's bytes.
     """
 
@@ -223,6 +225,8 @@ class TrainLoop:
                     for cb in self.callbacks:
                         cb(info)
                 if self.work and self.every and (step + 1) % self.every == 0 and step + 1 < self.steps:
+                    for cb in self.callbacks:  # what they recorded up to here is on disk before the checkpoint is
+                        getattr(cb, "flush", lambda: None)()
                     self.save(self.work / CKPT)
         finally:
             bar.close()

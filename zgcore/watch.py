@@ -34,7 +34,8 @@ class TensorBoardWatch:
     The writer is opened lazily at the first step, so a run that fails before training writes
     nothing, and is closed by :meth:`close` (the loop calls it at its end). A resumed run (first
     step > 1) opens it with ``purge_step`` at that step: TensorBoard discards the events the
-    interrupted run wrote after its last checkpoint, so the run shows one curve.
+    interrupted run wrote after its last checkpoint, so the run shows one curve; the events up to
+    that checkpoint were flushed before it was written (:meth:`flush`).
     """
 
     def __init__(self, log_dir: str | os.PathLike):
@@ -68,6 +69,11 @@ class TensorBoardWatch:
         if info.seconds > 0:
             w.add_scalar("throughput/tokens_per_s", info.tokens / info.seconds, s)
             w.add_scalar("throughput/data_wait_fraction", info.data_seconds / info.seconds, s)
+
+    def flush(self) -> None:
+        """Write every event recorded so far to disk (the loop calls it before each checkpoint)."""
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
         """Flush and close the event file (nothing if no step was written)."""
