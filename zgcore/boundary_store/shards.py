@@ -27,7 +27,7 @@ from ..adapters import capture_boundaries
 from ..atomic import atomic_path, write_json
 from ..hashing import file_sha256
 from .common import (FORMAT_VERSION, H5_DTYPES, STATS_SEQUENCES, BoundaryStoreError, check_finite, planned_bytes,
-                     rms_from_sumsq, round_trip, sequence_sumsq, to_storage)
+                     quarantine, rms_from_sumsq, round_trip, sequence_sumsq, to_storage)
 
 SHARD_FILE = "shard.json"
 MANIFEST = "manifest.json"
@@ -152,8 +152,7 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
         rows = []
         for sf, rec in sorted(recs, key=lambda x: (x[1]["split"], x[1]["lo"])):
             if rec["stats_rows"]:
-                with h5py.File(sf / f"b{b}.h5", "r") as f:
-                    rows.append(torch.from_numpy(f["sumsq"][...]))
+                rows.append(torch.from_numpy(_read_sumsq(sf, rec["files"][f"b{b}"])))
         np.save(folder / f"stats-b{b}.npy", rms_from_sumsq(torch.cat(rows), seq_len).numpy())
     shards = [{"split": r["split"], "lo": r["lo"], "hi": r["hi"], "dir": os.path.relpath(sf, folder),
                "files": r["files"], "build_seconds": r["build_seconds"], "peak_rss_mib": r.get("peak_rss_mib")}
@@ -167,6 +166,22 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
         "peak_rss_mib": max(peaks) if peaks else None}  # the largest shard task's peak resident memory
     write_json(folder / MANIFEST, manifest)
     return manifest
+
+
+def _read_sumsq(folder: Path, entry: Mapping[str, Any]) -> np.ndarray:
+    """A shard file's ``sumsq`` rows, once its bytes match the SHA-256 its record holds. Raises
+    :class:`BoundaryStoreError` naming the file (and moves the shard aside) on any mismatch or
+    HDF5 error, so that the next run rebuilds that shard."""
+    path = folder / entry["name"]
+    try:
+        if file_sha256(path) != entry["sha256"]:
+            raise BoundaryStoreError("its SHA-256 differs from the one recorded when it was written")
+        with h5py.File(path, "r") as f:
+            return f["sumsq"][...]
+    except Exception as e:
+        moved = quarantine(folder)
+        where = f"; moved the shard aside to {moved}, the next run rebuilds it" if moved else ""
+        raise BoundaryStoreError(f"boundary shard file {path}: {e}{where}") from e
 
 
 def build_store(folder: str | os.PathLike, teacher, tokens: Mapping[str, np.ndarray], boundaries: Sequence[int],
