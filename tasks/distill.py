@@ -73,11 +73,18 @@ class DistillE2E(_DistillTask):
         return bool(int(dict(self.heal).get("steps", 0)))
 
     def own_config(self):
-        from zgcore.train import effective_train
+        """Only what decides the result: the distill section, each block's student shape and
+        (for matched steps) step count (:func:`zgcore.distill.e2e_block_settings`), and where the
+        boundaries lie (not how a cache would be stored: no cache is read)."""
         from zgcore.hashing import canonical
 
-        out = {"distill": distill_hashed(self.distill), "blocks": [effective_train(canonical(t)) for t in self.blocks],
-               "boundary": canonical(self.boundary)}
+        matched = self.matches_heal() or not int(self.distill["steps"])  # the step count follows the blocks'
+        d = distill_hashed(self.distill)
+        if self.matches_heal():  # the budget is blockwise + healing, whatever distill.steps says
+            d.pop("steps", None)
+        b = canonical(self.boundary)
+        out = {"distill": d, "blocks": [zdistill.e2e_block_settings(canonical(t), matched) for t in self.blocks],
+               "boundary": {"boundaries": b["boundaries"]} if b["boundaries"] is not None else {"num_blocks": b["num_blocks"]}}
         if self.matches_heal():
             out["match_heal"] = {"steps": int(self.heal["steps"]), "batch_size": int(self.heal["batch_size"])}
         if self.distill.get("lrs"):  # how the candidates are scored decides the choice

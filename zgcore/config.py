@@ -231,7 +231,11 @@ def _validate_static(cfg: dict[str, Any]) -> None:
     if extra:
         raise ConfigError(f"blocks.{extra[0]}: there are only {b['num_blocks']} blocks (0..{int(b['num_blocks']) - 1})")
     _positive_int("eval.batch_size", cfg["eval"]["batch_size"])
-    [validate_distill(cfg[k], k) for k in ("heal", "distill")]
+    for k in ("heal", "distill"):
+        validate_distill(cfg[k], k)
+        if float(cfg[k]["hidden_weight"]) > 0 and int(b["num_blocks"]) < 2:
+            raise ConfigError(f"{k}.hidden_weight={cfg[k]['hidden_weight']} matches the residual stream at interior "
+                              "boundaries, and one block has none: set boundary.num_blocks >= 2 or the weight to 0")
     e = cfg["eval"]
     _positive_int("eval.max_sequences", e["max_sequences"], zero_ok=True)
     _positive_int("eval.context_sequences", e["context_sequences"], zero_ok=True)
