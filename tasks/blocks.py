@@ -32,9 +32,6 @@ class TrainBlock(Resumable, _TeacherTask):
 
     # 2: online targets come from load_base, which now runs each family with its own attention implementation
     code_version = 2
-    code_deps = ("zgcore.train", "zgcore.loop", "zgcore.objectives", "zgcore.adapters", "zgcore.boundary_store",
-                 "zgcore.device", "zgcore.teacher_weights", "zgcore.students", "zgcore.channels", "zgcore.config:kept_layers",
-                 "zgcore.config:resolve_boundaries", "zgcore.lr_search", "tasks.search")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
@@ -180,9 +177,6 @@ class ScoreBlock(_TeacherTask):
     split, or, with online targets, on the teacher's boundaries of the validation tokens); writes
     ``score.json`` ``{"val_loss", "sequences"}`` or, for a diverged candidate, ``{"val_loss": null,
     "diverged": {...}}``."""
-
-    code_deps = ("zgcore.train:val_loss", "zgcore.objectives:regression_loss", "zgcore.boundary_store",
-                 "zgcore.teacher_weights", "tasks.blocks:load_blocks", "tasks.search:diverged")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)

@@ -27,8 +27,6 @@ class _DistillTask(Resumable, _StudentTask):
     logits with :func:`zgcore.distill.distill` and save it as a Hugging Face folder ``model/``
     with ``metrics.json`` (incl. ``peak_rss_mib``), ``loss_log.csv`` and ``train_state.pt``."""
 
-    code_deps = ("zgcore.distill", "zgcore.loop", "zgcore.objectives:regression_loss", "zgcore.adapters", "zgcore.channels",
-                 "zgcore.corpus:read_tokens", "zgcore.teacher:load")
     section = "heal"  # the configuration section of settings(), named in errors
 
     def corpus_task(self) -> PrepareCorpus:
