@@ -17,7 +17,7 @@ from zgcore.boundary_store import BoundaryStoreError
 from zgcore.config import ConfigError
 from zgcore.corpus import TokenStoreError
 
-TRACEBACK_ENV = "ZG_TRACEBACK"
+from .experiment import TRACEBACK_ENV
 USER_ERRORS = (ConfigError, BoundaryStoreError, TokenStoreError)
 
 
