@@ -146,3 +146,21 @@ def test_every_flipped_byte_of_a_shard_file_reads_the_same_values_or_fails_namin
     f.write_bytes(raw)
     assert len(offsets) > 500 and outcomes == {"same": 0, "error": len(offsets)}  # the SHA-256 catches every flip
     print(f"{len(offsets)} flips of a {len(raw)}-byte shard file: {outcomes} in {time.perf_counter() - t0:.1f} s")
+
+
+def test_a_flipped_byte_in_a_statistics_file_fails_naming_it_and_moves_it_aside(store, tmp_path):
+    import shutil
+
+    path, _, _ = store
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    with BoundaryReader(copy) as r:
+        ref = r.stats(2)
+    f = copy / "stats-b2.npy"
+    raw = bytearray(f.read_bytes())
+    raw[-3] ^= 0x01  # a low bit of the last float: a plausible value, only the hash can tell
+    f.write_bytes(raw)
+    with BoundaryReader(copy) as r, pytest.raises(BoundaryStoreError, match=f"{f}: checksum failure"):
+        r.stats(2)
+    assert not f.exists() and list(copy.glob("stats-b2.npy.damaged-*"))
+    assert torch.equal(BoundaryReader(path).stats(2), ref)

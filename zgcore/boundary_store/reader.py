@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..hashing import file_sha256
-from .common import FORMAT_VERSION, BoundaryStoreError, check_finite, from_storage, quarantine
+from .common import FORMAT_VERSION, BoundaryStoreError, check_finite, from_storage, quarantine, quarantine_file
 from .shards import MANIFEST
 
 
@@ -143,11 +143,21 @@ class BoundaryReader:
 
     def stats(self, b: int) -> torch.Tensor:
         """Per-channel RMS of boundary ``b`` over the first ``STATS_SEQUENCES`` training sequences:
-        float32 ``[2, hidden]`` (row 0: position 0, the attention sink; row 1: positions >= 1)."""
+        float32 ``[2, hidden]`` (row 0: position 0, the attention sink; row 1: positions >= 1).
+        The file's SHA-256 is checked against the manifest's first; a mismatch moves the file aside
+        (the join is rebuilt on the next run) and raises :class:`BoundaryStoreError`."""
         p = self.root / f"stats-b{b}.npy"
         if not p.is_file():
             raise BoundaryStoreError(f"{p} is missing")
-        return torch.from_numpy(np.load(p))
+        want = self.manifest.get("stats", {}).get(f"b{b}")  # stores joined before it was recorded: unchecked
+        if want is not None and file_sha256(p) != want:
+            moved = quarantine_file(p)
+            raise BoundaryStoreError(f"{p}: checksum failure: its SHA-256 differs from the manifest's; moved it aside "
+                                     f"to {moved}, the next run rebuilds the join")
+        try:
+            return torch.from_numpy(np.load(p))
+        except (OSError, ValueError) as e:
+            raise BoundaryStoreError(f"{p} is unreadable ({e})") from e
 
     def batches(self, split_name: str, b_in: int, b_out: int, order: np.ndarray, batch_size: int,
                 start: int = 0) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:

@@ -7,7 +7,8 @@ chunk) and, for training rows among the first ``STATS_SEQUENCES``, ``sumsq`` ``[
 float64 (per-sequence sums of squares); plus ``shard.json`` (its range, shape, files with bytes
 and SHA-256, build time). The join folder holds ``manifest.json`` (the store's shape and
 fingerprints, every shard's folder relative to the join folder, its files' bytes and SHA-256,
-build times: sum and wall) and ``stats-b<b>.npy`` (per-channel RMS ``[2, hidden]`` float32).
+build times: sum and wall, and the SHA-256 of each statistics file) and ``stats-b<b>.npy``
+(per-channel RMS ``[2, hidden]`` float32).
 Nothing is copied: readers index the shard files through the manifest, and a reader of one
 boundary opens only that boundary's files.
 """
@@ -154,12 +155,13 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
             if rec["stats_rows"]:
                 rows.append(torch.from_numpy(_read_sumsq(sf, rec["files"][f"b{b}"])))
         np.save(folder / f"stats-b{b}.npy", rms_from_sumsq(torch.cat(rows), seq_len).numpy())
+    stats = {f"b{b}": file_sha256(folder / f"stats-b{b}.npy") for b in bs}  # checked by BoundaryReader.stats
     shards = [{"split": r["split"], "lo": r["lo"], "hi": r["hi"], "dir": os.path.relpath(sf, folder),
                "files": r["files"], "build_seconds": r["build_seconds"], "peak_rss_mib": r.get("peak_rss_mib")}
               for sf, r in recs]
     peaks = [r["peak_rss_mib"] for r in shards if r["peak_rss_mib"] is not None]
     manifest = {k: first.get(k) for k in SHAPE_KEYS} | dict(extra) | {
-        "n_train": int(n["train"]), "n_val": int(n["val"]), "n_shards": len(recs), "shards": shards,
+        "n_train": int(n["train"]), "n_val": int(n["val"]), "n_shards": len(recs), "shards": shards, "stats": stats,
         "bytes": sum(f["bytes"] for _, r in recs for f in r["files"].values()),
         "build_seconds": sum(r["build_seconds"] for _, r in recs),  # teacher compute: the sum over shards
         "build_wall_seconds": max(r["finished"] for _, r in recs) - min(r["started"] for _, r in recs),
