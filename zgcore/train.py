@@ -20,7 +20,7 @@ from .atomic import atomic_path
 from .boundary_store import BoundaryReader
 from .device import autocast
 from .loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, data_order, load_checkpoint, lr_at  # noqa: F401 (re-exported)
-from .loop import loss_metrics
+from .loop import loss_metrics, state_digest  # noqa: F401 (state_digest re-exported)
 from .objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, objective_settings, regression_loss
 
 
