@@ -46,7 +46,7 @@ def test_every_hashed_heal_setting_changes_the_healed_student(tmp_path, run_grap
 
 def test_every_hashed_e2e_setting_changes_the_e2e_student(tmp_path, run_graph):
     def e2e(cfg, out):
-        return build_distill_study(cfg, out).requires()["e2e"].requires()["model"]
+        return build_distill_study(cfg, out).requires()["e2e_model"]
 
     base = _build(e2e, "", tmp_path, run_graph)
     own = base.own_config()
@@ -64,6 +64,23 @@ def test_every_hashed_e2e_setting_changes_the_e2e_student(tmp_path, run_graph):
                  "boundary.batch_size=2", "train.seed=5"):
         luigi.task_register.Register.clear_instance_cache()
         assert e2e(load_config("", over, "distill_tiny"), str(tmp_path)).out_dir == base.out_dir, over
+
+
+def test_the_heal_matched_e2e_arm_hashes_the_healing_budget_and_not_distill_steps(tmp_path, run_graph):
+    """The arm matched to blockwise + healing trains for that budget whatever distill.steps says:
+    heal.steps and heal.batch_size are hashed (and change it), distill.steps is not."""
+    def e2e(cfg, out):
+        return build_distill_study(cfg, out).requires()["e2e_healed_model"]
+
+    base = _build(e2e, "", tmp_path, run_graph)
+    own = base.own_config()
+    assert own["match_heal"] == {"steps": 3, "batch_size": 2} and "steps" not in own["distill"]
+    ref = _weights(base)
+    for over in ("heal.steps=5", "heal.batch_size=3"):
+        t = _build(e2e, over, tmp_path, run_graph)
+        assert t.out_dir != base.out_dir and _weights(t) != ref, over
+    luigi.task_register.Register.clear_instance_cache()
+    assert e2e(load_config("", "distill.steps=7", "distill_tiny"), str(tmp_path)).out_dir == base.out_dir
 
 
 def test_a_hidden_term_without_an_interior_boundary_is_refused():
