@@ -140,7 +140,11 @@ def problems(recorded: dict | None = None, root: Path = ROOT) -> list[str]:
     """What is out of step between the code under ``root`` and ``recorded`` (default: ``tasks/code_versions.json``), one sentence each."""
     if recorded is None:
         recorded = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
-    now_all, fams, out = current(root), families(), []
+    now_all, fams, known, out = current(root), families(), modules(root), []
+
+    def file_of(m: str) -> str:
+        return known[m].relative_to(root).as_posix() if m in known else m.replace(".", "/") + ".py"
+
     for name, now in now_all.items():
         was = recorded.get(name)
         where = Path(inspect.getsourcefile(fams[name])).name
@@ -149,7 +153,7 @@ def problems(recorded: dict | None = None, root: Path = ROOT) -> list[str]:
             continue
         old = was.get("code") if isinstance(was.get("code"), dict) else {}
         changed = sorted(m for m in set(now["code"]) | set(old) if now["code"].get(m) != old.get(m))
-        what = ", ".join(m.replace(".", "/") + ".py" for m in changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        what = ", ".join(file_of(m) for m in changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
         if now["digest"] != was["digest"] and now["version"] == was["version"]:
             out.append(f"{name}'s code changed ({what or 'its module list'}) but {name}.code_version is still "
                        f"{now['version']}: raise it to {now['version'] + 1} in tasks/{where} (its outputs and "
