@@ -26,8 +26,6 @@ class Assemble(_StudentTask):
     """Stitch the teacher's embedding, the trained blocks in order, and the teacher's final norm and
     LM head into one Hugging Face model folder (config, safetensors, tokenizer)."""
 
-    code_deps = ("zgcore.adapters", "zgcore.channels", "zgcore.teacher:load", "tasks.blocks:load_blocks")
-
     def requires(self):
         return {"teacher": self.teacher_task(), "blocks": self.block_tasks()}
 

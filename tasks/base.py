@@ -40,14 +40,13 @@ class ZGTask(luigi.Task):
     everything :meth:`requires` returns. The folder is built under a temporary name and renamed
     when complete, so it exists only when the task is done; :meth:`complete` also checks it is whole.
 
-    ``code_version``: bump it in the commit that changes what the family computes (its
-    ``code_deps`` and its own class body are guarded by ``tests/test_code_versions.py``; record the
-    new state with ``python -m tasks.versions --write``). ``code_deps``: the modules
-    (``"zgcore.train"``) and objects (``"zgcore.config:kept_layers"``) whose code decides its output.
+    ``code_version``: bump it in the commit that changes what the family computes. The code it
+    covers is derived from imports (its class's module and every module of ``zgcore/`` and
+    ``tasks/`` that module imports, transitively: :func:`tasks.versions.closure`) and guarded by
+    ``tests/test_code_versions.py``; record the new state with ``python -m tasks.versions --write``.
     """
 
     code_version = 1
-    code_deps: tuple[str, ...] = ()
 
     outputs = luigi.Parameter(default="outputs", significant=False, description="root folder of all run artifacts")
     device = luigi.Parameter(default="cpu", significant=False, description="torch device for this task's work")

@@ -9,8 +9,8 @@ import json
 
 import luigi
 
-from zgcore import boundary_store, corpus, lr_search, students, teacher as zteacher, train as ztrain
-from zgcore.adapters import build_block, head_logits, head_only
+from zgcore import boundary_store, corpus, lr_search, students, train as ztrain
+from zgcore.adapters import build_block, head_logits
 from zgcore.atomic import write_json
 from zgcore.config import kept_layers, resolve_boundaries
 from zgcore.hashing import canonical
@@ -32,9 +32,6 @@ class TrainBlock(Resumable, _TeacherTask):
 
     # 2: online targets come from load_base, which now runs each family with its own attention implementation
     code_version = 2
-    code_deps = ("zgcore.train", "zgcore.loop", "zgcore.objectives", "zgcore.adapters", "zgcore.boundary_store",
-                 "zgcore.device", "zgcore.teacher_weights", "zgcore.students", "zgcore.channels", "zgcore.config:kept_layers",
-                 "zgcore.config:resolve_boundaries", "zgcore.lr_search", "tasks.search")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
@@ -51,13 +48,16 @@ class TrainBlock(Resumable, _TeacherTask):
 
     def data_requires(self):
         """Where the block's inputs and targets come from: the boundary store (cached) or the
-        teacher and the corpus (online)."""
+        teacher and the corpus (online); with local auxiliary terms also the token store."""
         if self.train["targets"] == "online":  # no cache: the teacher runs inside training
             return {"teacher": self.teacher_task(),
                     "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
-        return {"teacher": self.teacher_task(),  # its record is read to load the teacher's layers
-                "cache": TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
-                                         outputs=self.outputs, device=self.device)}
+        req = {"teacher": self.teacher_task(),  # its record is read to load the teacher's layers
+               "cache": TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
+                                        outputs=self.outputs, device=self.device)}
+        if ztrain.aux_active(self.train):  # local CE / MTP terms read the token ids from the token store
+            req["corpus"] = PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
+        return req
 
     def importance_task(self):
         """The teacher's layer and channel measurements (keep="importance", intermediate_size)."""
@@ -126,7 +126,7 @@ class TrainBlock(Resumable, _TeacherTask):
     def train_once(self):
         """Train the block at ``train.lr`` and write its output."""
         from zgcore.device import resolve
-        from zgcore.teacher_weights import layer_source, load_base
+        from zgcore.teacher_weights import layer_source, load_base, load_head
 
         rss = PeakRSS().start()  # this task's peak resident memory (the distillation study reports it)
         rec = teacher_record(self.teacher_task())
@@ -143,10 +143,9 @@ class TrainBlock(Resumable, _TeacherTask):
         aux = ztrain.aux_active(self.train)  # local auxiliary terms: the teacher's head and the token ids
         tokens = head = None
         if self.train["targets"] == "online" or aux:  # the token store's train split, in the boundary store's order
-            tokens = corpus.read_tokens(PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
-                                        .out_dir / "tokens.h5", "train")
-        if aux:  # the teacher's final norm and LM head (its decoder layers are dropped at once)
-            head = head_only(zteacher.load(rec, self.device)[0])
+            tokens = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "train")
+        if aux:  # the teacher's embedding, final norm and LM head only: no decoder layer is read
+            head = load_head(rec, self.device)
         if self.train["targets"] == "online":  # the teacher up to this block's output boundary only
             teacher = load_base(rec, end, self.boundary["teacher_dtype"], self.device)
             source = boundary_store.OnlineBoundaries(teacher, tokens, [start, end], self.boundary["dtype"],
@@ -179,9 +178,6 @@ class ScoreBlock(_TeacherTask):
     split, or, with online targets, on the teacher's boundaries of the validation tokens); writes
     ``score.json`` ``{"val_loss", "sequences"}`` or, for a diverged candidate, ``{"val_loss": null,
     "diverged": {...}}``."""
-
-    code_deps = ("zgcore.train:val_loss", "zgcore.objectives:regression_loss", "zgcore.boundary_store",
-                 "zgcore.teacher_weights", "tasks.blocks:load_blocks", "tasks.search:diverged")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)

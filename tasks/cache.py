@@ -50,8 +50,6 @@ class BoundaryShard(_CacheTask):
 
     # 2: load_base runs each family with its own attention implementation (Gemma 2: eager, soft-capped)
     code_version = 2
-    code_deps = ("zgcore.boundary_store", "zgcore.adapters:capture_boundaries", "zgcore.config:resolve_boundaries",
-                 "zgcore.teacher_weights", "zgcore.device")
 
     split = luigi.Parameter(description="train | val")
     lo = luigi.IntParameter(description="first sequence of the range")
@@ -97,7 +95,6 @@ class TeacherBoundary(_CacheTask):
     requirements, run by this worker's processes)."""
 
     uses_device = False  # the join reads shard records and statistics rows only
-    code_deps = ("zgcore.boundary_store",)
 
     def requires(self):
         deps = {"teacher": self.teacher_task(), "corpus": self.corpus_task()}

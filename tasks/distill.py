@@ -58,8 +58,6 @@ class DistillE2E(_DistillTask):
     eval = luigi.DictParameter(default={}, visibility=HIDDEN, significant=False,
                                description="the experiment's eval section: how search candidates are scored (with distill.lrs; hashed then)")
     section = "distill"
-    code_deps = _DistillTask.code_deps + ("zgcore.config:kept_layers", "zgcore.students", "zgcore.train:block_seed",
-                                          "zgcore.lr_search", "zgcore.distill_config:distill_hashed", "tasks.search")
 
     def requires(self):
         req = {"teacher": self.teacher_task(), "corpus": self.corpus_task()}
@@ -73,11 +71,18 @@ class DistillE2E(_DistillTask):
         return bool(int(dict(self.heal).get("steps", 0)))
 
     def own_config(self):
-        from zgcore.train import effective_train
+        """Only what decides the result: the distill section, each block's student shape and
+        (for matched steps) step count (:func:`zgcore.distill.e2e_block_settings`), and where the
+        boundaries lie (not how a cache would be stored: no cache is read)."""
         from zgcore.hashing import canonical
 
-        out = {"distill": distill_hashed(self.distill), "blocks": [effective_train(canonical(t)) for t in self.blocks],
-               "boundary": canonical(self.boundary)}
+        matched = self.matches_heal() or not int(self.distill["steps"])  # the step count follows the blocks'
+        d = distill_hashed(self.distill)
+        if self.matches_heal():  # the budget is blockwise + healing, whatever distill.steps says
+            d.pop("steps", None)
+        b = canonical(self.boundary)
+        out = {"distill": d, "blocks": [zdistill.e2e_block_settings(canonical(t), matched) for t in self.blocks],
+               "boundary": {"boundaries": b["boundaries"]} if b["boundaries"] is not None else {"num_blocks": b["num_blocks"]}}
         if self.matches_heal():
             out["match_heal"] = {"steps": int(self.heal["steps"]), "batch_size": int(self.heal["batch_size"])}
         if self.distill.get("lrs"):  # how the candidates are scored decides the choice
@@ -113,7 +118,6 @@ class DistillE2E(_DistillTask):
             e = json.loads((t.out_dir / "eval.json").read_text())
             return {"score": e["ce"], "diverged": e.get("diverged")}
         return [float(x) for x in self.distill["lrs"]], int(self.distill["lr_rounds"]), make, score
-
 
     def dynamic_upstream(self) -> list:
         """With a search: every candidate's evaluation that exists (read like static inputs)."""
@@ -204,7 +208,6 @@ class EvaluateStudent(_StudentTask):
     distill = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(default={}, visibility=HIDDEN, description="DistillE2E's heal (budget matching)")
     candidate = luigi.BoolParameter(default=False, significant=False, description="DistillE2E's candidate flag")
-    code_deps = ("zgcore.metrics:cross_entropy", "zgcore.metrics:context_use", "tasks.search:diverged")
 
     def requires(self):
         return {"model": DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
@@ -257,7 +260,6 @@ class DistillStudyReport(_StudentTask):
     heal = luigi.DictParameter(visibility=HIDDEN)
     distill = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="distill-study", significant=False)
-    code_deps = ("zgcore.distill_report", "zgcore.report", "zgcore.markdown", "tasks.distill:arm_lr")
 
     def requires(self):
         """The four arms' evaluations and every output the report reads besides them: the

@@ -22,9 +22,6 @@ class Evaluate(_StudentTask):
     """Held-out cross-entropy of the teacher, the untrained student and the assembled student;
     writes ``report.json`` and ``report.md`` (assembled by :mod:`zgcore.report`)."""
 
-    code_deps = ("zgcore.metrics", "zgcore.report", "zgcore.markdown", "zgcore.plots", "zgcore.adapters",
-                 "zgcore.channels", "zgcore.teacher:load", "tasks.blocks:load_blocks")
-
     eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
     heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,

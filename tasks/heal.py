@@ -2,6 +2,7 @@
 ``_DistillTask``, the run it shares with the distillation study's end-to-end arm (:mod:`tasks.distill`)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import luigi
@@ -26,8 +27,6 @@ class _DistillTask(Resumable, _StudentTask):
     logits with :func:`zgcore.distill.distill` and save it as a Hugging Face folder ``model/``
     with ``metrics.json`` (incl. ``peak_rss_mib``), ``loss_log.csv`` and ``train_state.pt``."""
 
-    code_deps = ("zgcore.distill", "zgcore.loop", "zgcore.objectives:regression_loss", "zgcore.adapters", "zgcore.channels",
-                 "zgcore.corpus:read_tokens", "zgcore.teacher:load")
     section = "heal"  # the configuration section of settings(), named in errors
 
     def corpus_task(self) -> PrepareCorpus:
@@ -60,17 +59,36 @@ class _DistillTask(Resumable, _StudentTask):
         self.log(f"{m['steps']} steps in {m['seconds']:.1f} s; final loss {m['final_loss']:.4f}")
 
 
+def interior_pairs(block_metrics) -> list[tuple[int, int]]:
+    """The assembled student's interior boundaries as ``(student_layer, teacher_layer)``: where
+    block ``i >= 1`` starts in the student (the sum of earlier blocks' kept layers) and in the
+    teacher (its ``start``), from the blocks' ``metrics.json`` records in block order."""
+    pairs, offset = [], 0
+    for prev, m in zip(block_metrics, block_metrics[1:]):
+        offset += len(prev["kept"])
+        pairs.append((offset, int(m["start"])))
+    return pairs
+
+
 class Heal(_DistillTask):
     """Healing: a short end-to-end logit-KD stage (KL teacher→student at ``heal.temperature``) of
-    the assembled student against the teacher, ``heal.steps`` steps on the training split; writes
-    a Hugging Face folder like :class:`~tasks.assemble.Assemble`. Resumable from ``<out_dir>.partial``."""
+    the assembled student against the teacher, ``heal.steps`` steps on the training split, plus
+    with ``heal.hidden_weight`` > 0 the per-token normalised squared error between the student's
+    and the teacher's residual streams at every interior boundary (the values the boundary cache
+    holds, computed by the teacher's forward pass that gives the logits). Writes a Hugging Face
+    folder like :class:`~tasks.assemble.Assemble`. Resumable from ``<out_dir>.partial``."""
 
+    # 2: heal.hidden_weight > 0 now adds the hidden-state term (before, it was hashed but had no effect)
+    code_version = 2
     heal = luigi.DictParameter(visibility=HIDDEN, description="the experiment's heal section")
 
     def requires(self):
-        return {"assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                     outputs=self.outputs, device=self.device),
-                "corpus": self.corpus_task()}
+        req = {"assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                                    outputs=self.outputs, device=self.device),
+               "corpus": self.corpus_task()}
+        if float(self.heal.get("hidden_weight") or 0) > 0:  # the blocks' records place the interior boundaries
+            req["blocks"] = self.block_tasks()
+        return req
 
     def own_config(self):
         return {"heal": heal_hashed(self.heal)}
@@ -86,4 +104,7 @@ class Heal(_DistillTask):
         from transformers import AutoModelForCausalLM
 
         path = self.requires()["assemble"].out_dir / "model"
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device), [], {}
+        blocks = self.requires().get("blocks")
+        pairs = interior_pairs([json.loads((t.out_dir / "metrics.json").read_text()) for t in blocks]) if blocks else []
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device), pairs, (
+            {"pairs": pairs} if pairs else {})

@@ -83,8 +83,6 @@ class PretrainLocal(Resumable, _LocalTask):
     except in a candidate of a learning-rate search (:func:`is_candidate`): there the output is
     only ``diverged.json`` (lr, step, which value) and the search goes on without it (issue 20)."""
 
-    code_deps = ("zgcore.local", "zgcore.loop", "zgcore.corpus:read_tokens")
-
     def requires(self):
         return self.corpus_task()
 
@@ -131,8 +129,6 @@ class EvaluateLocal(_LocalTask):
     ``eval.max_sequences`` sequences); ``split="tune"``: the tuning sequences of a learning-rate
     sweep (all of them; the configuration must hold some out). A diverged tuning run gets
     ``{"held_out_ce": null, "diverged": {...}}``; a diverged run on the test split fails."""
-
-    code_deps = ("zgcore.local", "zgcore.metrics:cross_entropy")
 
     eval = luigi.DictParameter()
     split = luigi.ChoiceParameter(choices=["val", "tune"], default="val", description="val (test) | tune")
@@ -194,7 +190,6 @@ class ChooseLocalLR(_LocalTask):
     # 2: the search (rounds beyond the grid as dynamic dependencies) and diverged candidates
     code_version = 2
     uses_device = False  # reads the evaluations only
-    code_deps = ("zgcore.lr_search", "zgcore.local.config:sweep_run", "tasks.search")
 
     lrs = luigi.ListParameter(description="the first round's peak learning rates, ascending")
     rounds = luigi.IntParameter(default=1, description="rounds of the search at most (1 = lrs only)")
@@ -260,7 +255,6 @@ class LocalStudyReport(ZGTask):
     # 3: the lr search (every lr searched per configuration, edges, diverged candidates)
     code_version = 3
     uses_device = False  # reads the EvaluateLocal results only
-    code_deps = ("zgcore.local", "zgcore.markdown")
 
     tokenizer = luigi.Parameter()
     corpus = luigi.DictParameter()

@@ -15,8 +15,6 @@ class LayerImportance(_TeacherTask):
     """Block influence of every teacher layer (ShortGPT) and mean |activation| of every MLP
     channel (Minitron) on the first ``sequences`` training sequences; ``importance.json``."""
 
-    code_deps = ("zgcore.students", "zgcore.channels:mlp_parts", "zgcore.teacher:load", "zgcore.corpus:read_tokens")
-
     corpus = luigi.DictParameter(visibility=HIDDEN)
     sequences = luigi.IntParameter(description="training sequences measured")
 

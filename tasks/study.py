@@ -14,7 +14,6 @@ from .evaluate import Evaluate
 
 class _ManyEvaluations(ZGTask):
     uses_device = False  # reads the Evaluate reports only
-    code_deps = ("zgcore.study", "zgcore.report", "zgcore.markdown")
     teacher = luigi.Parameter()
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
@@ -57,7 +56,6 @@ class ObjectiveStudyReport(_ManyEvaluations):
     """One comparison report over the study's arms ({clean, noisy, denoise} x {cached, online} x seeds)."""
 
     arms = luigi.ListParameter(visibility=HIDDEN, description="[{objective, targets, seed, blocks}]")
-    code_deps = _ManyEvaluations.code_deps + ("zgcore.plots:arms",)
 
     def requires(self):
         evals = [self.evaluate(a["blocks"]) for a in self.arms]

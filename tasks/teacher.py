@@ -32,7 +32,6 @@ class PrepareTeacher(ZGTask):
     Hugging Face folder (so later tasks load in seconds), build tiny teachers, or record a local one."""
 
     uses_device = False  # de-quantises on CPU
-    code_deps = ("zgcore.teacher",)
 
     teacher = luigi.Parameter(description="smollm2-135m | tiny-llama | tiny-qwen2 | tiny-gpt2 | HF folder | .gguf | Hub id")
 
@@ -77,7 +76,6 @@ class PrepareCorpus(_TeacherTask):
     """Tokenize the corpus with the teacher's tokenizer into fixed-length train/val sequences (HDF5)."""
 
     uses_device = False  # tokenises only
-    code_deps = ("zgcore.corpus", "zgcore.config:corpus_files")
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
 

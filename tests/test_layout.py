@@ -7,59 +7,9 @@ inside functions (lazy), relative and absolute), so a circle hidden in a lazy im
 """
 from __future__ import annotations
 
-import ast
-from pathlib import Path
+from tasks.versions import ROOT, import_graph, imports, modules  # one reader of the import graph (the code guard's)
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("zgcore", "tasks")
 MAX_LINES = 400
-
-
-def modules() -> dict[str, Path]:
-    """``{dotted module name: file}`` of every .py under :data:`PACKAGES` (a package is its ``__init__.py``)."""
-    out = {}
-    for pkg in PACKAGES:
-        for p in sorted((ROOT / pkg).rglob("*.py")):
-            name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
-            out[name.removesuffix(".__init__")] = p
-    return out
-
-
-def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The modules of ``known`` that the file ``path`` (module ``name``) imports anywhere in its body.
-
-    ``from a.b import c`` names ``a.b.c`` when that is a module, else ``a.b``; relative imports are
-    resolved against the module's package."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[: len(parts) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            for alias in node.names:
-                full = f"{base}.{alias.name}"
-                if full in known:
-                    out.add(full)
-                elif base in known:
-                    out.add(base)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                parts = alias.name.split(".")  # `import a.b.c` imports a, a.b and a.b.c: the deepest one we know
-                for n in range(len(parts), 0, -1):
-                    if ".".join(parts[:n]) in known:
-                        out.add(".".join(parts[:n]))
-                        break
-    out.discard(name)
-    return out
-
-
-def import_graph() -> dict[str, set[str]]:
-    """``{module: modules it imports}`` over :data:`PACKAGES`."""
-    known = modules()
-    return {m: imports(m, p, known) for m, p in known.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -110,6 +110,43 @@ def test_a_train_block_opens_only_its_two_boundaries_and_its_kept_layers(built, 
     assert block1.out_dir.joinpath("block.safetensors").read_bytes() == before
 
 
+def test_an_aux_term_block_reads_only_its_layers_and_the_head_and_declares_the_token_store(built, monkeypatch, run_graph):
+    """Local CE / MTP terms need the teacher's final norm and LM head and the token ids: a cached
+    block with them reads its kept layers and the non-layer tensors only (never the whole
+    teacher), and declares PrepareCorpus (tokens.h5) in requires()."""
+    import zgcore.teacher
+    import zgcore.teacher_weights as tw
+
+    _, four = built
+    cfg = FOUR + " blocks.1.ce_weight=0.1 blocks.1.mtp_weight=0.1"
+    block1 = tasks_of(cfg, four, "TrainBlock")[1]
+    corpus_task = tasks_of(cfg, four, "PrepareCorpus")[0]
+    assert block1.requires()["corpus"].out_dir == corpus_task.out_dir  # the token store it reads is declared
+    assert "corpus" not in tasks_of(cfg, four, "TrainBlock")[0].requires()  # block 0 has no aux term
+    opened, layers, others = [], [], []
+
+    class Recorder(h5py.File):
+        def __init__(self, name, *a, **k):
+            opened.append(Path(name).resolve())
+            super().__init__(name, *a, **k)
+
+    real_layers, real_others = tw.LazyLayers.layer_weights, tw.LazyLayers.other_weights
+    monkeypatch.setattr(h5py, "File", Recorder)
+    monkeypatch.setattr(tw.LazyLayers, "layer_weights", lambda self, i: layers.append(i) or real_layers(self, i))
+    monkeypatch.setattr(tw.LazyLayers, "other_weights", lambda self: others.append(sorted(real_others(self))) or real_others(self))
+    monkeypatch.setattr(tw, "load_base", lambda *a, **k: pytest.fail("a cached TrainBlock loaded the teacher"))
+    monkeypatch.setattr(zgcore.teacher, "load", lambda *a, **k: pytest.fail("a cached TrainBlock loaded the teacher"))
+    ok, ran = run_graph(block1)
+    assert ok and ran == [("TrainBlock", "block1-clean-cached-s0")]
+    kept = json.loads(block1.out_dir.joinpath("metrics.json").read_text())["kept"]
+    assert layers == kept and all(2 <= i < 4 for i in kept)  # only its partition's kept layers
+    assert len(others) == 1 and not any(".layers." in k for k in others[0])  # embedding, norm, head: no layer
+    assert {k.rsplit(".", 1)[0] for k in others[0]} >= {"model.embed_tokens", "model.norm"}
+    shard_dirs = sorted(p.resolve() for p in (four / "BoundaryShard").glob("train-*"))
+    want = {d / f"b{b}.h5" for d in shard_dirs for b in (2, 4)} | {(corpus_task.out_dir / "tokens.h5").resolve()}
+    assert set(opened) == want
+
+
 def test_a_flipped_byte_fails_the_read_naming_the_shard_and_only_that_shard_is_rebuilt(built, run_graph):
     one, four = built
     shard = next(p for p in (four / "BoundaryShard").glob("train-00000032-*"))
@@ -138,6 +175,12 @@ def test_a_nan_in_a_checksummed_boundary_fails_the_block_that_reads_it(built, ru
         row = h["h"][3]
         row[7, 5] = np.nan
         h["h"][3] = row
+    # as if the teacher had written it so: the recorded SHA-256 matches the file, only finiteness can tell
+    from zgcore.hashing import file_sha256
+
+    old = json.loads(f.parent.joinpath("shard.json").read_text())["files"]["b4"]["sha256"]
+    for rec in (*four.glob("TeacherBoundary/*/manifest.json"), f.parent / "shard.json"):
+        rec.write_text(rec.read_text().replace(old, file_sha256(f)))
     FAILURES.clear()
     cfg = FOUR + " blocks.1.lr=0.004 blocks.1.max_steps=22"  # 22 batches of 4: every training sequence is read
     ok, ran = run_graph(RunExperiment(preset="", set=cfg, outputs=str(four)))

@@ -13,7 +13,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="ZeroGraph: inspect experiments built with `luigi --module workflows RunExperiment`.")
 
 ConfigOpt = typer.Option("", "--config", "-c", help="experiment file (.toml/.yaml)")
-SetOpt = typer.Option("", "--set", "-s", help='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"')
+SetOpt = typer.Option([], "--set", "-s", help='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"; repeatable '
+                                             '(applied in order: a later key wins)')
 PresetOpt = typer.Option("default", "--preset", "-p", help="preset in workflows/presets")
 OutputsOpt = typer.Option("outputs", "--outputs", "-o", help="root folder of run artifacts")
 
@@ -31,21 +32,23 @@ def task_state(t: ZGTask) -> str:
 def _graph(config, set_, preset, outputs):
     """The experiment's root task; a configuration error prints one line and exits
     ``CONFIG_ERROR_EXIT`` (2)."""
-    return or_exit(lambda: build_experiment(load_config(config, set_, preset), outputs))
+    return or_exit(lambda: build_experiment(load_config(config, "\n".join(set_), preset), outputs))
 
 
-def run_command(config: str, set_: str, preset: str, outputs: str) -> str:
-    """The `luigi` command that builds this experiment, with the options the user gave."""
+def run_command(config: str, set_: list[str] | str, preset: str, outputs: str) -> str:
+    """The `luigi` command that builds this experiment, with the options the user gave (each
+    ``--set`` as given, in order)."""
     args = [".venv/bin/luigi", "--module", "workflows", "RunExperiment", "--local-scheduler"]
-    for flag, value, default in (("--preset", preset, "default"), ("--config", config, ""), ("--set", set_, ""),
-                                 ("--outputs", outputs, "outputs")):
+    sets = [set_] if isinstance(set_, str) else list(set_)
+    for flag, value, default in (("--preset", preset, "default"), ("--config", config, ""),
+                                 *(("--set", v, "") for v in sets), ("--outputs", outputs, "outputs")):
         if value != default:
             args += [flag, value]
     return shlex.join(args)
 
 
 @app.command()
-def status(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt):
+def status(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt):
     """Each task of an experiment: done, missing, or stale. Exits 0 when every task is done, else 1
     (so a script can check a run that several workers shared); 2 on a configuration error."""
     tasks = walk(_graph(config, set, preset, outputs))
@@ -60,7 +63,7 @@ def status(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, 
 
 
 @app.command()
-def report(config: str = ConfigOpt, set: str = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
+def report(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
            as_json: bool = typer.Option(False, "--json", help="print report.json instead of report.md")):
     """Print an experiment's report (exit 1 if it has not been built, with the command that builds
     it; 2 on a configuration error)."""

@@ -40,19 +40,52 @@ def or_exit(make: Callable[[], T]) -> T:
         sys.exit(CONFIG_ERROR_EXIT)
 
 
-def load_preset(preset: str, pattern: str = "*.toml") -> dict[str, Any]:
-    """The mapping of ``workflows/presets/<preset>.toml`` ({} for an empty name).
+# Which workflow reads which presets (first match): local-learning presets have another schema.
+PRESET_OWNERS = (("local_*", "LocalLearningStudy"), ("*", "RunExperiment"))
+OWNER_WORKFLOWS = {"LocalLearningStudy": "LocalLearningStudy",
+                   "RunExperiment": "RunExperiment, ObjectiveStudy, DistillStudy or PrepareInputs"}
+
+
+def preset_owner(preset: str) -> str:
+    """The workflow family whose schema ``preset`` follows (see :data:`PRESET_OWNERS`)."""
+    import fnmatch
+
+    return next(owner for pattern, owner in PRESET_OWNERS if fnmatch.fnmatch(preset, pattern))
+
+
+def load_preset(preset: str, owner: str = "RunExperiment") -> dict[str, Any]:
+    """The mapping of ``workflows/presets/<preset>.toml`` ({} for an empty name), for a workflow of
+    family ``owner`` (``RunExperiment`` or ``LocalLearningStudy``).
 
     Raises:
-        zgcore.config.ConfigError: no such preset (the message lists those matching ``pattern``).
+        zgcore.config.ConfigError: no such preset (the message lists ``owner``'s presets), or a
+            preset of another workflow (the message names it and the command that runs it).
     """
     if not preset:
         return {}
     p = PRESETS / f"{preset}.toml"
+    mine = sorted(x.stem for x in PRESETS.glob("*.toml") if preset_owner(x.stem) == owner)
     if not p.is_file():
-        known = ", ".join(sorted(x.stem for x in PRESETS.glob(pattern)))
-        raise zconfig.ConfigError(f"unknown preset {preset!r}; known: {known}")
+        raise zconfig.ConfigError(f"unknown preset {preset!r}; known: {', '.join(mine)}")
+    if preset_owner(preset) != owner:
+        other = preset_owner(preset)
+        raise zconfig.ConfigError(f"preset {preset!r} belongs to {OWNER_WORKFLOWS[other]}: run `luigi --module workflows "
+                                  f"{other} --preset {preset} --local-scheduler`; this workflow's presets: {', '.join(mine)}")
     return zconfig.load_file(p)
+
+
+class OverridesParameter(luigi.Parameter):
+    """``--set``, which may be repeated on Luigi's command line: the values are kept in order, one
+    per line (Luigi's own parameters keep only the last one), and
+    :func:`zgcore.config.parse_overrides` applies them in that order, so a key given twice takes
+    its later value. From Python it is a plain string."""
+
+    @classmethod
+    def _parser_kwargs(cls, param_name, task_name=None):
+        return {**super()._parser_kwargs(param_name, task_name), "action": "append"}
+
+    def parse(self, x):
+        return "\n".join(x) if isinstance(x, (list, tuple)) else x
 
 
 class ConfiguredWorkflow(luigi.WrapperTask):
@@ -63,7 +96,8 @@ class ConfiguredWorkflow(luigi.WrapperTask):
     ``preset`` default and :meth:`resolve`."""
 
     config = luigi.Parameter(default="", description="experiment file (.toml/.yaml)")
-    set = luigi.Parameter(default="", description='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"')
+    set = OverridesParameter(default="", description='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5" (repeatable: '
+                                                     'applied in order, a later key wins)')
     outputs = luigi.Parameter(default="outputs", description="root folder of run artifacts")
 
     def __init__(self, *args, **kwargs):

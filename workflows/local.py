@@ -21,7 +21,7 @@ def load_local_config(config: str = "", overrides: str = "", preset: str = "loca
         zgcore.config.ConfigError: what to fix (K above the layer count, an MTP boundary that does not
             exist, an unknown aux head, an unknown preset or key, ...).
     """
-    cfg = zlocal.resolve_local(config or None, overrides or None, base=load_preset(preset, "local_*.toml"))
+    cfg = zlocal.resolve_local(config or None, overrides or None, base=load_preset(preset, "LocalLearningStudy"))
     info = describe(cfg["tokenizer"])
     if int(cfg["corpus"]["seq_len"]) > info.max_positions:
         raise zconfig.ConfigError(f"corpus.seq_len={cfg['corpus']['seq_len']} exceeds the context of {cfg['tokenizer']} "

@@ -206,7 +206,8 @@ app = typer.Typer(cls=WorkflowFirst, add_completion=False, no_args_is_help=True,
                   help="Run a workflow on a Slurm cluster: luigid here, N worker jobs (docs/slurm.md).")
 
 ConfigOpt = typer.Option("", "--config", "-c", help="experiment file (.toml/.yaml)")
-SetOpt = typer.Option("", "--set", "-s", help='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"')
+SetOpt = typer.Option([], "--set", "-s", help='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"; repeatable '
+                                             '(applied in order: a later key wins)')
 PresetOpt = typer.Option(None, "--preset", "-p", help="preset in workflows/presets (default: the workflow's)")
 OutputsOpt = typer.Option(..., "--outputs", "-o", help="root folder of run artifacts: absolute, shared by every node")
 WorkflowArg = typer.Argument("RunExperiment", help="RunExperiment, ObjectiveStudy, LocalLearningStudy or DistillStudy")
@@ -223,6 +224,8 @@ def _resolve(workflow: str, config: str, set_: str, preset: Optional[str], outpu
     """Check the outputs path (and, ``launching``, the device against the GPUs asked for), then
     build the workflow; returns (the ``--set`` string with ``device=cuda`` added for GPUs, the
     workflow task, the experiment id). Exits 2 on bad input."""
+    if not isinstance(set_, str):  # repeated --set options: one per line, applied in order (zgcore.overrides)
+        set_ = "\n".join(set_)
     if not os.path.isabs(outputs):
         fail(f"--outputs must be an absolute path on a folder every node mounts at the same place, not {outputs!r}")
     if gpus and not re.search(r"(^|\s)device=", set_):
@@ -245,7 +248,7 @@ def launch(workflow: str = WorkflowArg,
            mem: Optional[str] = typer.Option(None, "--mem", help="memory per job, e.g. 32G (--mem)"),
            partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition (default: the cluster's)"),
            time_limit: Optional[str] = typer.Option(None, "--time", help="time limit per job, e.g. 04:00:00"),
-           config: str = ConfigOpt, set: str = SetOpt, preset: Optional[str] = PresetOpt, outputs: str = OutputsOpt,
+           config: str = ConfigOpt, set: list[str] = SetOpt, preset: Optional[str] = PresetOpt, outputs: str = OutputsOpt,
            detach: bool = typer.Option(False, "--detach", help="return once the jobs are submitted"),
            sbatch_args: str = typer.Option("", "--sbatch", help='more sbatch options, e.g. "--account=abc --qos=high"'),
            scheduler_host: Optional[str] = typer.Option(None, "--scheduler-host",
@@ -410,7 +413,7 @@ GpusOpt = typer.Option(0, "--gpus-per-worker", "-g", min=0, help="as given to la
 
 
 @app.command()
-def status(workflow: str = WorkflowArg, config: str = ConfigOpt, set: str = SetOpt, preset: Optional[str] = PresetOpt,
+def status(workflow: str = WorkflowArg, config: str = ConfigOpt, set: list[str] = SetOpt, preset: Optional[str] = PresetOpt,
            outputs: str = OutputsOpt, gpus_per_worker: int = GpusOpt):
     """Each job of a launched experiment, and whether the experiment is complete.
 
@@ -433,7 +436,7 @@ def status(workflow: str = WorkflowArg, config: str = ConfigOpt, set: str = SetO
 
 
 @app.command()
-def cancel(workflow: str = WorkflowArg, config: str = ConfigOpt, set: str = SetOpt, preset: Optional[str] = PresetOpt,
+def cancel(workflow: str = WorkflowArg, config: str = ConfigOpt, set: list[str] = SetOpt, preset: Optional[str] = PresetOpt,
            outputs: str = OutputsOpt, gpus_per_worker: int = GpusOpt):
     """Cancel the experiment's pending and running jobs and stop its luigid.
 

@@ -10,34 +10,16 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import yaml
 
 from .checks import ConfigError, positive_int as _positive_int, validate_lr_search  # noqa: F401 (re-exported; validators below use the short name)
 from .defaults import DEFAULTS, DTYPES, INITS, KEEP_POLICIES, LOSS_NORMS, TARGETS, UNHASHED_TOP  # noqa: F401 (re-exported)
 from .distill_config import validate_distill
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 SafeLoader that also reads ``1e-4`` (no dot) as a float, as YAML 1.2 and TOML do."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+][0-9]+)?
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
-
-
-def _yaml(text: str):
-    return yaml.load(text, Loader=_Loader)
+from .overrides import parse_overrides, split_overrides, yaml_load as _yaml  # noqa: F401 (re-exported)
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,28 +55,6 @@ def load_file(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"experiment file {p} must hold a mapping at the top level")
     return data
-
-
-def parse_overrides(text: str | None) -> dict[str, Any]:
-    """Parse ``"train.lr=1e-4 blocks.1.lr=5e-5 boundary.boundaries=[0,2,4]"`` into a nested dict.
-
-    Items are separated by whitespace; values are YAML scalars or flow lists.
-
-    Raises:
-        ConfigError: an item without ``=``.
-    """
-    out: dict[str, Any] = {}
-    for item in (text or "").split():
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key.sub=value")
-        key, raw = item.split("=", 1)
-        value = _yaml(raw) if raw != "" else ""
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return out
 
 
 def _normalise_blocks(cfg: dict[str, Any]) -> None:
@@ -187,12 +147,16 @@ def _validate_static(cfg: dict[str, Any]) -> None:
             raise ConfigError(f"boundary.boundaries must start at 0 (the embedding output), got {list(bs)}")
         b["num_blocks"] = len(bs) - 1
     for i in range(int(b["num_blocks"])):
-        validate_train(block_train_config(cfg, i), f"block {i}")
+        validate_train(block_train_config(cfg, i), f"block {i}", i, cfg["blocks"].get(str(i), {}))
     extra = [k for k in cfg["blocks"] if int(k) >= int(b["num_blocks"])]
     if extra:
         raise ConfigError(f"blocks.{extra[0]}: there are only {b['num_blocks']} blocks (0..{int(b['num_blocks']) - 1})")
     _positive_int("eval.batch_size", cfg["eval"]["batch_size"])
-    [validate_distill(cfg[k], k) for k in ("heal", "distill")]
+    for k in ("heal", "distill"):
+        validate_distill(cfg[k], k)
+        if float(cfg[k]["hidden_weight"]) > 0 and int(b["num_blocks"]) < 2:
+            raise ConfigError(f"{k}.hidden_weight={cfg[k]['hidden_weight']} matches the residual stream at interior "
+                              "boundaries, and one block has none: set boundary.num_blocks >= 2 or the weight to 0")
     e = cfg["eval"]
     _positive_int("eval.max_sequences", e["max_sequences"], zero_ok=True)
     _positive_int("eval.context_sequences", e["context_sequences"], zero_ok=True)
@@ -217,47 +181,49 @@ def validate_corpus(c: Mapping[str, Any]) -> None:
     corpus_files(c)  # raises on missing or unusable files
 
 
-def validate_train(t: Mapping[str, Any], where: str) -> None:
-    """Check one block's resolved train settings. Raises :class:`ConfigError`."""
+def validate_train(t: Mapping[str, Any], where: str, block: int | None = None,
+                   block_keys: Collection[str] = ()) -> None:
+    """Check one block's resolved train settings; messages name the key the user wrote:
+    ``blocks.<block>.<k>`` for a key in ``block_keys`` (that block's overrides), else ``train.<k>``.
+    Raises :class:`ConfigError`."""
     from .objectives import OBJECTIVES  # local import: objectives imports torch
 
+    def n(k: str) -> str:
+        return f"blocks.{block}.{k}" if block is not None and k in block_keys else f"train.{k}"
+
     if t["objective"] not in OBJECTIVES:
-        raise ConfigError(f"{where}: unknown objective {t['objective']!r}; known: {', '.join(sorted(OBJECTIVES))}")
+        raise ConfigError(f"{n('objective')}: unknown objective {t['objective']!r}; known: {', '.join(sorted(OBJECTIVES))}")
+    for k, allowed in (("targets", TARGETS), ("loss_norm", LOSS_NORMS),
+                       ("keep", KEEP_POLICIES), ("init", INITS)):
+        if t[k] not in allowed:
+            raise ConfigError(f"{n(k)} must be one of {', '.join(map(str, allowed))}, got {t[k]!r}")
     if not isinstance(t["noise"], (int, float)) or isinstance(t["noise"], bool) or t["noise"] < 0:
-        raise ConfigError(f"{where}: noise must be a number >= 0, got {t['noise']!r}")
-    if t["targets"] not in TARGETS:
-        raise ConfigError(f"{where}: targets must be one of {TARGETS}, got {t['targets']!r}")
-    if t["loss_norm"] not in LOSS_NORMS:
-        raise ConfigError(f"{where}: loss_norm must be one of {LOSS_NORMS}, got {t['loss_norm']!r}")
-    if t["keep"] not in KEEP_POLICIES:
-        raise ConfigError(f"{where}: keep must be one of {KEEP_POLICIES}, got {t['keep']!r}")
-    if t["init"] not in INITS:
-        raise ConfigError(f"{where}: init must be one of {INITS}, got {t['init']!r}")
+        raise ConfigError(f"{n('noise')} must be a number >= 0, got {t['noise']!r}")
     if t["n_layers"] is not None:
-        _positive_int(f"{where}: n_layers", t["n_layers"])
+        _positive_int(n("n_layers"), t["n_layers"])
     for k in ("keep_fraction", "lr", "epochs", "weight_decay", "grad_clip"):
-        _number(f"{where}: {k}", t[k])
+        _number(n(k), t[k])
     if t["intermediate_size"] is not None:
-        _positive_int(f"{where}: intermediate_size", t["intermediate_size"])
-    _positive_int(f"{where}: importance_sequences", t["importance_sequences"])
+        _positive_int(n("intermediate_size"), t["intermediate_size"])
+    _positive_int(n("importance_sequences"), t["importance_sequences"])
     if not (0 < float(t["keep_fraction"]) <= 1):
-        raise ConfigError(f"{where}: keep_fraction must be in (0, 1], got {t['keep_fraction']!r}")
+        raise ConfigError(f"{n('keep_fraction')} must be in (0, 1], got {t['keep_fraction']!r}")
     for k in [k for k in ("ce_weight", "mtp_weight") if isinstance(t[k], bool) or not isinstance(t[k], (int, float)) or not 0 <= t[k] < float("inf")]:
-        raise ConfigError(f"{where}: train.{k} must be a finite number >= 0 (0 = off), got {t[k]!r}")
-    _positive_int(f"{where}: train.mtp_n (tokens predicted ahead, >= 1)", t["mtp_n"])
+        raise ConfigError(f"{n(k)} must be a finite number >= 0 (0 = off), got {t[k]!r}")
+    _positive_int(f"{n('mtp_n')} (tokens predicted ahead, >= 1)", t["mtp_n"])
     if not float(t["lr"]) > 0:
-        raise ConfigError(f"{where}: lr must be positive, got {t['lr']!r}")
+        raise ConfigError(f"{n('lr')} must be positive, got {t['lr']!r}")
     if float(t["epochs"]) < 0:
-        raise ConfigError(f"{where}: epochs must be >= 0, got {t['epochs']!r}")
+        raise ConfigError(f"{n('epochs')} must be >= 0, got {t['epochs']!r}")
     for k in ("max_steps", "warmup_steps", "seed", "prefetch"):
-        _positive_int(f"{where}: {k}", t[k], zero_ok=True)
+        _positive_int(n(k), t[k], zero_ok=True)
     if not isinstance(t["tensorboard"], bool):
-        raise ConfigError(f"{where}: tensorboard must be true or false, got {t['tensorboard']!r}")
+        raise ConfigError(f"{n('tensorboard')} must be true or false, got {t['tensorboard']!r}")
     for k in ("batch_size", "checkpoint_every", "prefetch_workers"):
-        _positive_int(f"{where}: {k}", t[k])
+        _positive_int(n(k), t[k])
     if float(t["epochs"]) == 0 and int(t["max_steps"]) == 0:
-        raise ConfigError(f"{where}: set epochs > 0 or max_steps > 0")
-    validate_lr_search(f"{where}: train", t["lrs"], t["lr_rounds"])
+        raise ConfigError(f"{where}: set {n('epochs')} > 0 or {n('max_steps')} > 0")
+    validate_lr_search(n("lrs").rsplit(".", 1)[0], t["lrs"], t["lr_rounds"])  # train.lrs or blocks.<i>.lrs
 
 
 def block_train_config(cfg: Mapping[str, Any], i: int) -> dict[str, Any]:

@@ -96,6 +96,21 @@ def initial_student(teacher: torch.nn.Module, bounds: Sequence[int], blocks: Seq
     return assemble(teacher, built), pairs, passes
 
 
+def e2e_block_settings(t: Mapping[str, Any], matched: bool) -> dict[str, Any]:
+    """The settings of one block's resolved train section ``t`` that decide the end-to-end arm's
+    result (what its hash covers): the student's shape and initialisation (``keep``, ``init``,
+    ``n_layers`` or else ``keep_fraction``, ``intermediate_size`` when set, ``seed`` only with
+    ``init="random"``) and, when its step count is ``matched`` to the blockwise arm, that
+    block's step count (``batch_size``, ``max_steps`` or else ``epochs``). The blockwise
+    optimisation settings (lr, objective, noise, ...) train nothing here and are left out."""
+    keys = ["keep", "init", "n_layers" if t.get("n_layers") is not None else "keep_fraction"]
+    keys += ["intermediate_size"] if t.get("intermediate_size") is not None else []
+    keys += ["seed"] if t["init"] == "random" else []
+    if matched:
+        keys += ["batch_size", "max_steps" if int(t.get("max_steps") or 0) else "epochs"]
+    return {k: t[k] for k in keys}
+
+
 def _residuals(model: torch.nn.Module, ids: torch.Tensor, layers: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Logits and the raw residual stream at the input of each of ``layers`` (all < the layer count)."""
     out = model(input_ids=ids, use_cache=False, output_hidden_states=bool(layers))

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib
-import inspect
 import json
 import math
 import textwrap
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Any, Iterable, Mapping
 
 HASH_LEN = 12
@@ -84,18 +82,6 @@ def file_sha256(path: str | PurePath, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _code_of(name: str) -> list[str]:
-    """Source texts of ``name``: ``"pkg.module"`` (a package: every ``.py`` file in it) or
-    ``"pkg.module:Qual.name"`` (one function or class)."""
-    mod_name, _, qual = name.partition(":")
-    obj = importlib.import_module(mod_name)
-    for part in filter(None, qual.split(".")):
-        obj = getattr(obj, part)
-    if not qual and hasattr(obj, "__path__"):
-        return [p.read_text() for d in obj.__path__ for p in sorted(Path(d).rglob("*.py"))]
-    return [inspect.getsource(obj)]
-
-
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -105,17 +91,8 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
-def source_digest(names: Iterable[str]) -> str:
-    """SHA-256 (hex) of the code behind ``names`` (see :func:`_code_of`), as parsed syntax trees:
-    comments, docstrings and layout do not count, any change to what the code does does.
-
-    Raises:
-        ImportError / AttributeError: a name that does not exist.
-    """
-    h = hashlib.sha256()
-    for name in names:
-        h.update(name.encode())
-        for src in _code_of(name):
-            tree = _strip_docstrings(ast.parse(textwrap.dedent(src)))
-            h.update(ast.dump(tree, annotate_fields=True, include_attributes=False).encode())
-    return h.hexdigest()
+def code_digest(source: str, filename: str = "<source>") -> str:
+    """SHA-256 (hex) of Python ``source`` as a parsed syntax tree: comments, docstrings and layout
+    do not count, any change to what the code does does. Raises ``SyntaxError``."""
+    tree = _strip_docstrings(ast.parse(textwrap.dedent(source), filename))
+    return hashlib.sha256(ast.dump(tree, annotate_fields=True, include_attributes=False).encode()).hexdigest()

@@ -34,8 +34,10 @@ from .atomic import atomic_path
 CKPT = "checkpoint.pt"
 FINAL_STATE = "train_state.pt"  # the last step's weights, optimizer and RNG state (same layout as a checkpoint)
 LOSS_LOG = "loss_log.csv"
-CKPT_FORMAT = 2  # 2: {"format", "modules", "optimizers", "torch_rng", "step", "log", "run_hash"}, weights_only
-_CKPT_FIELDS = {"format", "modules", "optimizers", "torch_rng", "step", "log", "run_hash"}
+# 3: {"format", "modules", "optimizers", "torch_rng", "step", "log", "run_hash", "digest"}, weights_only;
+# "digest" (state_digest of the rest) is checked on load: torch.load does not check its zip's CRCs
+CKPT_FORMAT = 3
+_CKPT_FIELDS = {"format", "modules", "optimizers", "torch_rng", "step", "log", "run_hash", "digest"}
 
 
 class NonFiniteError(RuntimeError):
@@ -268,9 +270,41 @@ class TrainLoop:
     def save(self, path: Path) -> None:
         """Atomically save every module's and optimizer's state, the torch RNG state, the step and the log."""
         with atomic_path(path) as tmp:
-            torch.save({"format": CKPT_FORMAT, "modules": {k: m.state_dict() for k, m in self.modules.items()},
-                        "optimizers": [o.state_dict() for o in self.optimizers], "torch_rng": torch.get_rng_state(),
-                        "step": len(self.log) and int(self.log[-1][0]), "log": self.log, "run_hash": self.run_hash}, tmp)
+            ck = {"format": CKPT_FORMAT, "modules": {k: m.state_dict() for k, m in self.modules.items()},
+                  "optimizers": [o.state_dict() for o in self.optimizers], "torch_rng": torch.get_rng_state(),
+                  "step": len(self.log) and int(self.log[-1][0]), "log": self.log, "run_hash": self.run_hash}
+            torch.save({**ck, "digest": state_digest(ck)}, tmp)
+
+
+def state_digest(obj: Any) -> str:
+    """SHA-256 (hex) of a checkpoint's content: every tensor's dtype, shape and bytes and every
+    plain value's ``repr``, walking dicts in sorted key order. Computed on save and compared on
+    load, so a damaged file never resumes training with other values (``torch.load`` reads a
+    checkpoint's zip records without checking their CRC-32: a flipped byte in a tensor loads
+    silently)."""
+    import hashlib
+
+    h = hashlib.sha256()
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            t = o.detach().cpu().contiguous().reshape(-1)
+            h.update(f"T{t.dtype}{tuple(o.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(o, Mapping):
+            h.update(f"D{len(o)}".encode())
+            for k in sorted(o, key=repr):
+                h.update(repr(k).encode())
+                walk(o[k])
+        elif isinstance(o, (list, tuple)):
+            h.update(f"L{len(o)}".encode())
+            for x in o:
+                walk(x)
+        else:
+            h.update(f"V{o!r}".encode())
+
+    walk(obj)
+    return h.hexdigest()
 
 
 def loss_metrics(m: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
@@ -284,8 +318,8 @@ def loss_metrics(m: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
     """Load a checkpoint onto the CPU with ``weights_only=True``; ``None`` if there is none.
 
-    A file that is malformed (not a checkpoint, truncated, of another format, or holding anything
-    but tensors and plain values) is moved aside to ``*.corrupt`` (never deleted) and ``None`` is
+    A file that is malformed (not a checkpoint, truncated, of another format, holding anything but
+    tensors and plain values, or whose content does not match its :func:`state_digest`) is moved aside to ``*.corrupt`` (never deleted) and ``None`` is
     returned. CPU, whatever the training device: ``torch.set_rng_state`` takes only a CPU
     ``ByteTensor``, and ``load_state_dict`` copies weights and optimizer state to the device.
 
@@ -303,6 +337,8 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
         return _move_aside(path, e)
     if not isinstance(ck, dict) or ck.get("format") != CKPT_FORMAT or _CKPT_FIELDS - set(ck):
         return _move_aside(path, ValueError(f"not a format-{CKPT_FORMAT} checkpoint"))
+    if state_digest({k: v for k, v in ck.items() if k != "digest"}) != ck["digest"]:
+        return _move_aside(path, ValueError("its content does not match the digest written with it (damaged bytes)"))
     return ck
 
 

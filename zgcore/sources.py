@@ -104,21 +104,30 @@ def check(corpus: Mapping[str, Any]) -> list[Entry]:
         return []
     ents = entries(corpus)
     field = corpus["text_field"]
-    usable = 0
+    usable, reasons = 0, []
     for e in ents:
         problem = empty_reason(e, field)
         if problem is None:
             usable += 1
-        elif problem.startswith("has no column") or e.explicit:
+        elif problem.startswith(("has no column", "has no field")) or e.explicit:
             raise ConfigError(f"corpus.source: {e.path} {problem}")
+        else:
+            reasons.append(f"{e.path.name} {problem}")
     if not usable:
-        raise ConfigError(f"corpus.source: none of the {len(ents)} matched file(s) holds data (all empty)")
+        shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
+        raise ConfigError(f"corpus.source: none of the {len(ents)} matched file(s) is usable ({shown})")
     return ents
 
 
+HEADER_BYTES = 1 << 16  # bytes of a text file decoded at graph build to check its encoding
+
+
 def empty_reason(e: Entry, field: str) -> str | None:
-    """Why entry ``e`` holds no data (``"is empty"``, ``"has no rows"``, ``"has no column ..."``),
-    or None. Reads only sizes and schemas."""
+    """Why entry ``e`` holds no usable data (``"is empty"``, ``"has no rows"``, ``"has no column
+    ..."``, ``"has no field ... in its first record"``, ``"is not UTF-8 text ..."``), or None.
+    Reads only sizes, schemas and file headers: the first :data:`HEADER_BYTES` of a text file,
+    the first record of a ``.jsonl`` file. A problem further into a file is found while
+    tokenising (the task then fails with one ``error:`` line naming the file)."""
     if e.kind == "dataset":
         ds = _load_dataset(e.path)
         if field not in ds.column_names:
@@ -137,6 +146,43 @@ def empty_reason(e: Entry, field: str) -> str | None:
         if field not in names:
             return f"has no column {field!r} (columns: {', '.join(names)}); set corpus.text_field"
         return None if meta.num_rows else "has no rows"
+    if e.kind == "jsonl":
+        return _first_record_problem(e.path, field)
+    return _encoding_problem(e.path)
+
+
+def _encoding_problem(path: Path) -> str | None:
+    """Why the first :data:`HEADER_BYTES` of ``path`` are not UTF-8 text, or None."""
+    import codecs
+
+    with open(path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+        final = not f.read(1)
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=final)  # a character cut at the end is fine
+    except UnicodeDecodeError as err:
+        return (f"is not UTF-8 text (byte 0x{head[err.start]:02x} at offset {err.start}); convert it, "
+                "e.g. iconv -f latin1 -t utf-8")
+    return None
+
+
+def _first_record_problem(path: Path, field: str) -> str | None:
+    """Why the first non-blank line of JSONL file ``path`` is not a JSON object holding ``field``, or None."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if raw.strip():
+                break
+        else:
+            return "holds only blank lines"
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        return f"line {n} is not a UTF-8 JSON record ({str(err).splitlines()[0]})"
+    if not isinstance(rec, dict):
+        return f"line {n} is not a JSON object"
+    if field not in rec:
+        return (f"has no field {field!r} in its first record (line {n}; fields: {', '.join(map(str, rec)) or 'none'}); "
+                "set corpus.text_field")
     return None
 
 

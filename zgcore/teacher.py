@@ -154,13 +154,50 @@ def _load_config(spec: str):
         if _looks_like_path(spec):
             raise ConfigError(f"unknown teacher {spec!r}: give 'smollm2-135m', one of {', '.join(TINY_FAMILIES)}, "
                               "a Hugging Face model directory, a .gguf file, or a Hub id (org/name)")
-        return AutoConfig.from_pretrained(spec)
+        return _hub_config(spec)
     except ConfigError:
         raise
     except Exception as e:  # Hub unreachable, bad id, unparsable config
         raise ConfigError(f"teacher {spec!r} is no local folder and could not be read as a Hub id "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                           "a Hub id needs the Hub or its local cache") from e
+
+
+def hub_reachable(timeout_s: float = 3.0) -> str | None:
+    """``None`` when the Hub endpoint (``HF_ENDPOINT``, default https://huggingface.co) accepts a
+    TCP connection within ``timeout_s`` seconds, else why not (one try, no retries)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    u = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout_s).close()
+        return None
+    except OSError as e:
+        return f"{constants.ENDPOINT} is unreachable ({e})"
+
+
+def _hub_config(spec: str):
+    """A Hub id's config: from the local cache if it is there (no network), else — unless
+    ``HF_HUB_OFFLINE`` is set — from the Hub after one connection probe, so that an unreachable Hub
+    fails in seconds instead of after five retries with backoff."""
+    from huggingface_hub import constants
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(spec, local_files_only=True)
+    except OSError:
+        pass
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(f"teacher {spec!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: "
+                          "download it once with the Hub reachable, or give a local folder")
+    why = hub_reachable()
+    if why:
+        raise ConfigError(f"teacher {spec!r} is not in the local Hugging Face cache and {why}: connect, or give a "
+                          "local folder (HF_HUB_OFFLINE=1 skips the network)")
+    return AutoConfig.from_pretrained(spec)
 
 
 def tiny_config(family: str, n_layers: int = 4, hidden: int = 32, vocab: int = 260, max_positions: int = 128):

@@ -64,6 +64,50 @@ class LazyLayers:
         return out
 
 
+    def other_weights(self) -> dict[str, torch.Tensor]:
+        """Every tensor that belongs to no decoder layer (embedding, final norm, LM head), keyed as
+        in the causal LM's ``state_dict`` (stored dtype, CPU); no layer's tensor is read."""
+        from safetensors import safe_open
+
+        keys = [k for k in self._where if not k.startswith(self._prefix)]
+        out = {}
+        for f in sorted({self._where[k] for k in keys}):
+            with safe_open(str(f), framework="pt") as g:
+                out.update({k: g.get_tensor(k) for k in keys if self._where[k] == f})
+        return out
+
+
+def load_head(record: Mapping[str, Any], device: str = "cpu"):
+    """The teacher's causal LM with no decoder layers, float32, frozen: the embedding, final norm
+    and LM head — all that :func:`zgcore.adapters.head_logits` needs for local auxiliary terms
+    (cross-entropy, multi-token prediction). From local safetensors only those tensors are read
+    (:meth:`LazyLayers.other_weights`); for other teachers (Hub id, GGUF, ``.bin``) the whole
+    teacher is loaded and its layers dropped.
+
+    Raises:
+        KeyError: the safetensors files lack a weight the head needs (named).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from .device import resolve
+
+    if not has_safetensors(record):
+        from .adapters import head_only
+        from .teacher import load
+
+        return head_only(load(dict(record), device)[0])
+    src = LazyLayers(record)
+    cfg = adapter_for(src.config).sub_config(src.config, range(0), headless=False)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    missing, _ = model.load_state_dict(src.other_weights(), strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or []) if getattr(cfg, "tie_word_embeddings", False) else set()
+    missing = [k for k in missing if k not in tied]
+    if missing:
+        raise KeyError(f"{src.path}: the teacher's safetensors lack {', '.join(missing)} (needed for its LM head)")
+    model.tie_weights()
+    return model.eval().requires_grad_(False).to(resolve(device))
+
+
 def has_safetensors(record: Mapping[str, Any]) -> bool:
     """Whether a teacher record points to a local folder with safetensors weights and a config
     (built-in, tiny, converted GGUF and most local HF folders; not a Hub id or a ``.bin`` folder)."""

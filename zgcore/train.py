@@ -21,7 +21,7 @@ from .boundary_store import BoundaryReader
 from .device import autocast
 from .feed import block_batches, to_device
 from .loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, data_order, load_checkpoint, lr_at  # noqa: F401 (re-exported)
-from .loop import StepInfo, loss_metrics
+from .loop import StepInfo, loss_metrics, state_digest  # noqa: F401 (state_digest re-exported)
 from .objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, objective_settings, regression_loss
 
 

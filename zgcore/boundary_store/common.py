@@ -100,3 +100,17 @@ def quarantine(folder: Path) -> Path | None:
     except OSError:
         return None
     return dest
+
+
+def quarantine_file(path: Path) -> Path | None:
+    """Move a damaged file aside (``<name>.damaged-<unix time>``) so that the task that wrote it
+    finds its output incomplete and rebuilds it; returns the new path (None if it could not)."""
+    import time
+
+    path = Path(path)
+    dest = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+    try:
+        path.rename(dest)
+    except OSError:
+        return None
+    return dest

@@ -12,7 +12,8 @@ import h5py
 import numpy as np
 import torch
 
-from .common import FORMAT_VERSION, H5_DTYPES, BoundaryStoreError, check_finite, quarantine
+from ..hashing import file_sha256
+from .common import FORMAT_VERSION, H5_DTYPES, BoundaryStoreError, check_finite, quarantine, quarantine_file
 from .shards import MANIFEST
 
 
@@ -25,12 +26,14 @@ class BoundaryReader:
             mismatch raises.
 
     Raises:
-        BoundaryStoreError: missing manifest, bad format version, a manifest mismatch, a shard
-            file missing or of the wrong size (checked by ``stat`` when opened), or when read: a
-            dataset of the wrong shape, a failed Fletcher32 checksum or a non-finite value. A
-            shard that fails its checksum or holds a non-finite value is moved aside
-            (``<shard>.damaged-<time>``) so that the next run rebuilds that shard only; the
-            message names the file.
+        BoundaryStoreError: missing manifest, bad format version, a manifest mismatch; or, when a
+            shard file is first opened: missing, of the wrong size, its bytes not those of the
+            manifest's SHA-256 (every byte is hashed before any value is used: about one extra
+            read of the file, at ~1.7 GB/s), not readable as HDF5 or a dataset of the wrong shape;
+            or when read: a failed Fletcher32 checksum or a non-finite value. Each of these moves
+            the shard aside (``<shard>.damaged-<time>``) so that the next run rebuilds that shard
+            only; the message names the file. An ``OSError`` while hashing (the file system, not
+            the file) keeps the shard.
     """
 
     def __init__(self, path: str | os.PathLike, expect: Mapping[str, Any] | None = None):
@@ -73,20 +76,38 @@ class BoundaryReader:
             entry = sh["files"].get(f"b{b}")
             if entry is None:
                 raise BoundaryStoreError(f"{self.root}: boundary {b} is not in the store ({self.manifest['boundaries']})")
-            path = self._shard_dir(sh) / entry["name"]
-            if not path.is_file() or path.stat().st_size != entry["bytes"]:
-                raise BoundaryStoreError(f"boundary shard file {path} is missing or not {entry['bytes']} bytes "
-                                         "(the manifest's size); rerun to rebuild it")
-            try:
-                f = h5py.File(path, "r")
-            except OSError as e:
-                raise BoundaryStoreError(f"boundary shard file {path} is unreadable: {e}") from e
-            shape = (sh["hi"] - sh["lo"], self.manifest["seq_len"], self.manifest["hidden_size"])
-            if "h" not in f or f["h"].shape != shape:
-                f.close()
-                raise BoundaryStoreError(f"boundary shard file {path}: dataset h missing or not of shape {shape}")
-            self._files[key] = f
+            self._files[key] = self._open(sh, b, entry)
         return self._files[key]["h"]
+
+    def _open(self, sh: Mapping[str, Any], b: int, entry: Mapping[str, Any]) -> h5py.File:
+        """Open a shard's file of boundary ``b`` once its bytes match the manifest's SHA-256 (every
+        byte, HDF5 metadata included, is checked before a value is used; Fletcher32 covers only
+        the chunks). Any failure to verify, open or find the dataset quarantines the shard."""
+        path = self._shard_dir(sh) / entry["name"]
+        if not path.is_file() or path.stat().st_size != entry["bytes"]:
+            self._damaged(sh, b, f"missing or not {entry['bytes']} bytes (the manifest's size)")
+        try:
+            digest = file_sha256(path)
+        except OSError as e:
+            raise BoundaryStoreError(f"boundary shard file {path} could not be read ({e}); it is kept: rerun "
+                                     "when the file system answers again") from e
+        if digest != entry["sha256"]:
+            self._damaged(sh, b, f"checksum failure: SHA-256 {digest[:12]}... differs from the manifest's {entry['sha256'][:12]}... "
+                                 "(the file changed after it was written)")
+        shape = (sh["hi"] - sh["lo"], self.manifest["seq_len"], self.manifest["hidden_size"])
+        try:  # the bytes are as written: an error here means the manifest and the file disagree
+            f = h5py.File(path, "r")
+            try:
+                ok = "h" in f and f["h"].shape == shape
+            except Exception:
+                f.close()
+                raise
+        except Exception as e:  # h5py raises OSError, KeyError, RuntimeError, ValueError on damaged files
+            self._damaged(sh, b, f"unreadable as HDF5 ({type(e).__name__}: {e})", e)
+        if not ok:
+            f.close()
+            self._damaged(sh, b, f"dataset h missing or not of shape {shape}")
+        return f
 
     def _damaged(self, sh, b: int, why: str, err: Exception | None = None):
         path = self._shard_dir(sh) / sh["files"][f"b{b}"]["name"]
@@ -163,16 +184,26 @@ class BoundaryReader:
         file_space.select_hyperslab((row, 0, 0), dest.shape)
         try:
             dsid.read(h5py.h5s.create_simple(dest.shape), file_space, dest)
-        except OSError as e:  # HDF5's Fletcher32 filter refuses a chunk whose checksum fails
-            self._damaged(sh, b, f"checksum failure while reading ({e})", e)
+        except Exception as e:  # Fletcher32 refuses a changed chunk (OSError); h5py may also raise KeyError, RuntimeError
+            self._damaged(sh, b, f"checksum failure while reading ({type(e).__name__}: {e})", e)
 
     def stats(self, b: int) -> torch.Tensor:
         """Per-channel RMS of boundary ``b`` over the first ``STATS_SEQUENCES`` training sequences:
-        float32 ``[2, hidden]`` (row 0: position 0, the attention sink; row 1: positions >= 1)."""
+        float32 ``[2, hidden]`` (row 0: position 0, the attention sink; row 1: positions >= 1).
+        The file's SHA-256 is checked against the manifest's first; a mismatch moves the file aside
+        (the join is rebuilt on the next run) and raises :class:`BoundaryStoreError`."""
         p = self.root / f"stats-b{b}.npy"
         if not p.is_file():
             raise BoundaryStoreError(f"{p} is missing")
-        return torch.from_numpy(np.load(p))
+        want = self.manifest.get("stats", {}).get(f"b{b}")  # stores joined before it was recorded: unchecked
+        if want is not None and file_sha256(p) != want:
+            moved = quarantine_file(p)
+            raise BoundaryStoreError(f"{p}: checksum failure: its SHA-256 differs from the manifest's; moved it aside "
+                                     f"to {moved}, the next run rebuilds the join")
+        try:
+            return torch.from_numpy(np.load(p))
+        except (OSError, ValueError) as e:
+            raise BoundaryStoreError(f"{p} is unreadable ({e})") from e
 
     def batches(self, split_name: str, b_in: int, b_out: int, order: np.ndarray, batch_size: int,
                 start: int = 0) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:

@@ -7,7 +7,8 @@ chunk) and, for training rows among the first ``STATS_SEQUENCES``, ``sumsq`` ``[
 float64 (per-sequence sums of squares); plus ``shard.json`` (its range, shape, files with bytes
 and SHA-256, build time). The join folder holds ``manifest.json`` (the store's shape and
 fingerprints, every shard's folder relative to the join folder, its files' bytes and SHA-256,
-build times: sum and wall) and ``stats-b<b>.npy`` (per-channel RMS ``[2, hidden]`` float32).
+build times: sum and wall, and the SHA-256 of each statistics file) and ``stats-b<b>.npy``
+(per-channel RMS ``[2, hidden]`` float32).
 Nothing is copied: readers index the shard files through the manifest, and a reader of one
 boundary opens only that boundary's files.
 """
@@ -27,7 +28,7 @@ from ..adapters import capture_boundaries
 from ..atomic import atomic_path, write_json
 from ..hashing import file_sha256
 from .common import (FORMAT_VERSION, H5_DTYPES, STATS_SEQUENCES, BoundaryStoreError, check_finite, planned_bytes,
-                     rms_from_sumsq, round_trip, sequence_sumsq, to_storage)
+                     quarantine, rms_from_sumsq, round_trip, sequence_sumsq, to_storage)
 
 SHARD_FILE = "shard.json"
 MANIFEST = "manifest.json"
@@ -152,21 +153,37 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
         rows = []
         for sf, rec in sorted(recs, key=lambda x: (x[1]["split"], x[1]["lo"])):
             if rec["stats_rows"]:
-                with h5py.File(sf / f"b{b}.h5", "r") as f:
-                    rows.append(torch.from_numpy(f["sumsq"][...]))
+                rows.append(torch.from_numpy(_read_sumsq(sf, rec["files"][f"b{b}"])))
         np.save(folder / f"stats-b{b}.npy", rms_from_sumsq(torch.cat(rows), seq_len).numpy())
+    stats = {f"b{b}": file_sha256(folder / f"stats-b{b}.npy") for b in bs}  # checked by BoundaryReader.stats
     shards = [{"split": r["split"], "lo": r["lo"], "hi": r["hi"], "dir": os.path.relpath(sf, folder),
                "files": r["files"], "build_seconds": r["build_seconds"], "peak_rss_mib": r.get("peak_rss_mib")}
               for sf, r in recs]
     peaks = [r["peak_rss_mib"] for r in shards if r["peak_rss_mib"] is not None]
     manifest = {k: first.get(k) for k in SHAPE_KEYS} | dict(extra) | {
-        "n_train": int(n["train"]), "n_val": int(n["val"]), "n_shards": len(recs), "shards": shards,
+        "n_train": int(n["train"]), "n_val": int(n["val"]), "n_shards": len(recs), "shards": shards, "stats": stats,
         "bytes": sum(f["bytes"] for _, r in recs for f in r["files"].values()),
         "build_seconds": sum(r["build_seconds"] for _, r in recs),  # teacher compute: the sum over shards
         "build_wall_seconds": max(r["finished"] for _, r in recs) - min(r["started"] for _, r in recs),
         "peak_rss_mib": max(peaks) if peaks else None}  # the largest shard task's peak resident memory
     write_json(folder / MANIFEST, manifest)
     return manifest
+
+
+def _read_sumsq(folder: Path, entry: Mapping[str, Any]) -> np.ndarray:
+    """A shard file's ``sumsq`` rows, once its bytes match the SHA-256 its record holds. Raises
+    :class:`BoundaryStoreError` naming the file (and moves the shard aside) on any mismatch or
+    HDF5 error, so that the next run rebuilds that shard."""
+    path = folder / entry["name"]
+    try:
+        if file_sha256(path) != entry["sha256"]:
+            raise BoundaryStoreError("its SHA-256 differs from the one recorded when it was written")
+        with h5py.File(path, "r") as f:
+            return f["sumsq"][...]
+    except Exception as e:
+        moved = quarantine(folder)
+        where = f"; moved the shard aside to {moved}, the next run rebuilds it" if moved else ""
+        raise BoundaryStoreError(f"boundary shard file {path}: {e}{where}") from e
 
 
 def build_store(folder: str | os.PathLike, teacher, tokens: Mapping[str, np.ndarray], boundaries: Sequence[int],

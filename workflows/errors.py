@@ -1,0 +1,43 @@
+"""Errors a user can act on, raised while a task runs, as one ``error:`` line.
+
+Luigi's worker logs every exception a task raises with its traceback (``luigi-interface``,
+``logger.exception``). For the errors whose message already says what is wrong and where — bad
+input found only while reading it (:class:`zgcore.config.ConfigError`, e.g. a corpus file that
+stops being UTF-8 after its first 64 KiB) and damaged stored data (a boundary shard, the token
+store) — a log filter replaces that record by the stderr line ``error: <task>: <message>`` without the traceback;
+``ZG_TRACEBACK=1`` keeps it. The task still fails (Luigi's summary and exit code are unchanged).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from zgcore.boundary_store import BoundaryStoreError
+from zgcore.config import ConfigError
+from zgcore.corpus import TokenStoreError
+
+from .experiment import TRACEBACK_ENV
+USER_ERRORS = (ConfigError, BoundaryStoreError, TokenStoreError)
+
+
+class OneLineUserErrors(logging.Filter):
+    """A filter for the ``luigi-interface`` logger: a failure record whose exception is one of
+    :data:`USER_ERRORS` is replaced by ``error: <task family> <label>: <message>`` on stderr, with
+    no traceback, unless ``ZG_TRACEBACK=1``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, USER_ERRORS) and os.environ.get(TRACEBACK_ENV, "") in ("", "0"):
+            task = record.args[-1] if isinstance(record.args, tuple) and record.args else None
+            name = f"{task.get_task_family()} {task.label()}" if hasattr(task, "label") else str(task or "task")
+            print(f"error: {name}: {exc} ({TRACEBACK_ENV}=1 shows the traceback)", file=sys.stderr, flush=True)
+            return False
+        return True
+
+
+def install() -> None:
+    """Add :class:`OneLineUserErrors` to Luigi's ``luigi-interface`` logger (once)."""
+    log = logging.getLogger("luigi-interface")
+    if not any(isinstance(f, OneLineUserErrors) for f in log.filters):
+        log.addFilter(OneLineUserErrors())
