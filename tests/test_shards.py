@@ -118,7 +118,8 @@ def test_an_aux_term_block_reads_only_its_layers_and_the_head_and_declares_the_t
     import zgcore.teacher_weights as tw
 
     _, four = built
-    cfg = FOUR + " blocks.1.ce_weight=0.1 blocks.1.mtp_weight=0.1"
+    # train.prefetch=0 (not hashed): the shards are read in this process, where the recorder sees them opened
+    cfg = FOUR + " blocks.1.ce_weight=0.1 blocks.1.mtp_weight=0.1 train.prefetch=0"
     block1 = tasks_of(cfg, four, "TrainBlock")[1]
     corpus_task = tasks_of(cfg, four, "PrepareCorpus")[0]
     assert block1.requires()["corpus"].out_dir == corpus_task.out_dir  # the token store it reads is declared
