@@ -6,22 +6,28 @@ import json
 
 import luigi
 
-from zgcore import corpus, metrics, plots, report as zreport
+from zgcore import corpus, heldout_score, metrics, plots, report as zreport
 from zgcore.adapters import assemble
 from zgcore.atomic import write_json, write_text
+from zgcore.compare import SCORES, save_scores, scores_part, subset_digest
 
 from .assemble import Assemble, _StudentTask
 from .base import HIDDEN
 from .blocks import load_blocks
 from .cache import TeacherBoundary
 from .heal import Heal
+from .heldout import held_out_tasks, read_held_out
 from .teacher import PrepareCorpus
 
 
 class Evaluate(_StudentTask):
-    """Held-out cross-entropy of the teacher, the untrained student and the assembled student;
-    writes ``report.json`` and ``report.md`` (assembled by :mod:`zgcore.report`)."""
+    """Held-out cross-entropy of the teacher, the untrained student and the assembled student, on
+    the validation split (a seeded random subset of ``eval.max_sequences`` rows when set) and on
+    every ``eval.extra`` corpus; writes ``report.json``, ``report.md`` (assembled by
+    :mod:`zgcore.report`) and ``per_sequence_ce.json`` (:func:`zgcore.compare.save_scores`)."""
 
+    # 2: random test subset (eval.max_sequences, eval.subset_seed), per-sequence CE, eval.extra corpora, comparisons
+    code_version = 2
     eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
     heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,
@@ -40,6 +46,8 @@ class Evaluate(_StudentTask):
         if any(t["targets"] == "cached" for t in self.blocks):  # its manifest feeds the cache economics
             req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
                                            outputs=self.outputs, device=self.device)
+        if held_out_tasks(self, self.eval):  # eval.extra: out-of-domain held-out corpora
+            req["extra"] = held_out_tasks(self, self.eval)
         return req
 
     def own_config(self):
@@ -54,14 +62,16 @@ class Evaluate(_StudentTask):
 
         req = self.requires()
         rec, (teacher, tok) = self.load_teacher()
-        val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
-        if int(self.eval["max_sequences"]):
-            val = val[: int(self.eval["max_sequences"])]
+        val_all = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
+        rows = metrics.eval_subset(len(val_all), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
+        val = val_all[rows]
         model_dir = req["assemble"].out_dir / "model"
         student = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         untrained = assemble(teacher, load_blocks(teacher, req["blocks"], "init"))
         models = (("teacher", teacher), ("untrained", untrained), ("student", student))
-        ce, cu = metrics.held_out(models, val, self.eval, self.progress)
+        ce, cu, per_seq = metrics.held_out(models, val, self.eval, self.progress)
+        extra, extra_scores = heldout_score.score([(json.loads((t.out_dir / "meta.json").read_text()), read_held_out(t))
+                                             for t in req.get("extra", [])], models, self.eval)
         ids = tok("The", return_tensors="pt").input_ids.to(self.device)
         sample = tok.decode(student.generate(ids, max_new_tokens=24, do_sample=False)[0], skip_special_tokens=True)
         blocks = [json.loads((t.out_dir / "metrics.json").read_text()) for t in req["blocks"]]
@@ -70,9 +80,12 @@ class Evaluate(_StudentTask):
         report = zreport.experiment_report(
             {"name": self.name, "teacher": self.teacher, "boundaries": bounds, "seq_len": int(val.shape[1]),
              "val_sequences": int(len(val)), "val_tokens": int(val.size), "cross_entropy": ce,
+             "subset": {"sequences": int(len(rows)), "of": int(len(val_all)), "seed": int(self.eval["subset_seed"]),
+                        "sha256": subset_digest(rows)}, "extra": extra,
              "layers": {k: m.config.get_text_config().num_hidden_layers for k, m in models},
              "blocks": blocks, "model_dir": str(model_dir), "sample": sample, "context_use": cu,
              "heal_steps": int(self.heal.get("steps", 0)),
+             "comparisons": zreport.model_comparisons(per_seq, int(self.blocks[0]["seed"]), extra_scores),
              "context_window": int(self.eval["context_window"]), "context_sequences": min(int(self.eval["context_sequences"]), len(val)),
              "shift": metrics.boundary_shift(teacher, load_blocks(teacher, req["blocks"], "block"), bounds, val[:n_shift])},
             self.eval)
@@ -83,6 +96,7 @@ class Evaluate(_StudentTask):
         with self.building() as tmp:
             write_json(tmp / "report.json", report)
             write_text(tmp / "report.md", zreport.report_markdown(report))
+            save_scores(tmp / SCORES, scores_part(per_seq, rows), extra_scores)
             plots.loss_curves([(f"block {t.block}", t.out_dir / "loss_log.csv") for t in req["blocks"]], tmp / "loss_curves.png")
             plots.drift(report["shift"], tmp / "drift.png")
         print(f"\nReport: {self.out_dir / 'report.md'}\n{zreport.summary_line(report)}", flush=True)

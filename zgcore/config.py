@@ -159,6 +159,10 @@ def _validate_static(cfg: dict[str, Any]) -> None:
                               "boundaries, and one block has none: set boundary.num_blocks >= 2 or the weight to 0")
     e = cfg["eval"]
     _positive_int("eval.max_sequences", e["max_sequences"], zero_ok=True)
+    _positive_int("eval.subset_seed", e["subset_seed"], zero_ok=True)
+    from .heldout import validate_extra  # heldout imports this module
+
+    validate_extra(e, c)
     _positive_int("eval.context_sequences", e["context_sequences"], zero_ok=True)
     _positive_int("eval.context_window", e["context_window"])
     if int(e["context_window"]) > int(c["seq_len"]) // 2:

@@ -99,7 +99,12 @@ DEFAULTS: dict[str, Any] = {
     "heal": HEAL_DEFAULTS, "distill": DISTILL_DEFAULTS,  # end-to-end logit KD: healing; DistillStudy's e2e arm
     "eval": {
         "batch_size": 8,
-        "max_sequences": 0,  # 0 = the whole validation split
+        "max_sequences": 0,  # 0 = the whole validation split; else a seeded random subset of it (the same for every arm)
+        "subset_seed": 0,  # seed of that subset (its row indices are hashed into each evaluation's output)
+        # out-of-domain held-out corpora, never trained on, each scored for teacher, untrained and assembled
+        # student: sources as corpus.source takes them ("stdlib-docstrings", files, globs) or tables
+        # {name, source, text_field, max_tokens}; workflows/presets/default.toml adds "stdlib-docstrings"
+        "extra": [],
         "context_window": 16,  # W: tokens visible in the restricted condition of context use
         "context_sequences": 8,  # validation sequences used for context use (it costs ~W/2 forwards each)
         "gate_gap": 0.8,  # quality gate: share of the untrained->teacher CE gap recovered

@@ -22,9 +22,7 @@ def cross_entropy(model: torch.nn.Module, tokens: np.ndarray, batch_size: int = 
     Returns:
         Cross-entropy in nats/token (float), averaged over ``n * (seq_len - 1)`` predictions.
     """
-    device = next(model.parameters()).device
-    model.eval()
-    return cross_entropies(lambda ids: [model(input_ids=ids, use_cache=False).logits], tokens, batch_size, device, desc)[0]
+    return float(sequence_cross_entropy(model, tokens, batch_size, desc).mean())
 
 
 @torch.no_grad()
@@ -39,20 +37,61 @@ def cross_entropies(logits_of: Callable[[torch.Tensor], list[torch.Tensor]], tok
         tokens: ``[n, seq_len]`` integer token ids.
 
     Returns:
-        One cross-entropy per entry of ``logits_of``'s list.
+        One cross-entropy per entry of ``logits_of``'s list (the mean of
+        :func:`sequence_cross_entropies`: every sequence has the same ``seq_len - 1`` predictions).
     """
-    totals: list[float] = []
-    count = 0
+    return [float(x.mean()) for x in sequence_cross_entropies(logits_of, tokens, batch_size, device, desc)]
+
+
+@torch.no_grad()
+def sequence_cross_entropies(logits_of: Callable[[torch.Tensor], list[torch.Tensor]], tokens: np.ndarray,
+                             batch_size: int, device: torch.device | str, desc: str = "eval") -> list[np.ndarray]:
+    """Per-sequence mean next-token cross-entropy (nats/token) of each of several predictions of
+    the same tokens: what a paired comparison of two models resamples (:mod:`zgcore.compare`).
+
+    Args:
+        logits_of: as :func:`cross_entropies`. tokens: ``[n, seq_len]`` integer token ids.
+
+    Returns:
+        One float64 array ``[n]`` per entry of ``logits_of``'s list: entry ``i`` is the mean CE over
+        the ``seq_len - 1`` predictions of sequence ``i`` (scored in float32, summed per row in float64).
+    """
+    out: list[list[np.ndarray]] = []
     for lo in tqdm(range(0, len(tokens), batch_size), desc=desc, unit="batch"):
         ids = torch.as_tensor(tokens[lo: lo + batch_size], dtype=torch.long, device=device)
         for j, lg in enumerate(logits_of(ids)):
             lg = lg[:, :-1].float()
-            ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum").item()
-            if j == len(totals):
-                totals.append(0.0)
-            totals[j] += ce
-        count += ids[:, 1:].numel()
-    return [t / count for t in totals]
+            ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+            if j == len(out):
+                out.append([])
+            out[j].append(ce.reshape(ids.shape[0], -1).double().mean(dim=1).cpu().numpy())
+    return [np.concatenate(x) if x else np.zeros(0) for x in out]
+
+
+def sequence_cross_entropy(model: torch.nn.Module, tokens: np.ndarray, batch_size: int = 8, desc: str = "eval") -> np.ndarray:
+    """Per-sequence mean next-token cross-entropy (nats/token) of a causal LM: float64 ``[n]`` for
+    ``tokens`` ``[n, seq_len]`` (see :func:`sequence_cross_entropies`); its mean is :func:`cross_entropy`."""
+    device = next(model.parameters()).device
+    model.eval()
+    return sequence_cross_entropies(lambda ids: [model(input_ids=ids, use_cache=False).logits], tokens, batch_size,
+                                    device, desc)[0]
+
+
+def eval_subset(n: int, max_sequences: int, seed: int) -> np.ndarray:
+    """The held-out rows an evaluation scores: all ``n`` rows when ``max_sequences`` is 0 or at
+    least ``n``, else ``max_sequences`` rows drawn without replacement by
+    ``numpy.random.default_rng((seed, 19))`` — a random sample of the split, not its first rows in
+    corpus order, and the same for every arm and model evaluated with the same settings. Sorted
+    int64 ``[m]`` (rows keep their split order); :func:`zgcore.compare.subset_digest` names them.
+
+    Raises:
+        ValueError: ``n`` or ``max_sequences`` negative.
+    """
+    if n < 0 or max_sequences < 0:
+        raise ValueError(f"test_subset needs n >= 0 and max_sequences >= 0, got {n}, {max_sequences}")
+    if not max_sequences or max_sequences >= n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.random.default_rng((int(seed), 19)).choice(n, size=int(max_sequences), replace=False)).astype(np.int64)
 
 
 @torch.no_grad()
@@ -156,7 +195,8 @@ def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int]
 
 
 def held_out(models: Sequence[tuple[str, torch.nn.Module]], tokens: np.ndarray, eval_cfg: Mapping[str, Any],
-             progress: Callable[[int, int, str], None] | None = None) -> tuple[dict[str, float], dict[str, dict]]:
+             progress: Callable[[int, int, str], None] | None = None
+             ) -> tuple[dict[str, float], dict[str, dict], dict[str, np.ndarray]]:
     """Held-out cross-entropy and context use of each model.
 
     Args:
@@ -165,17 +205,19 @@ def held_out(models: Sequence[tuple[str, torch.nn.Module]], tokens: np.ndarray, 
         progress: called as ``progress(i, len(models), message)`` before each model.
 
     Returns:
-        ``({key: CE nats/token}, {key: context_use dict})`` (see :func:`context_use`).
+        ``({key: CE nats/token}, {key: context_use dict}, {key: per-sequence CE float64 [n]})``
+        (see :func:`context_use`, :func:`sequence_cross_entropy`; the CE is the per-sequence mean).
     """
-    ce, cu = {}, {}
+    ce, cu, per_seq = {}, {}, {}
     n_ctx = min(int(eval_cfg["context_sequences"]), len(tokens))
     for i, (key, m) in enumerate(models):
         if progress:
             progress(i, len(models), f"held-out CE and context use: {key}")
-        ce[key] = cross_entropy(m, tokens, int(eval_cfg["batch_size"]), desc=f"CE {key}")
+        per_seq[key] = sequence_cross_entropy(m, tokens, int(eval_cfg["batch_size"]), desc=f"CE {key}")
+        ce[key] = float(per_seq[key].mean())
         if n_ctx:
             cu[key] = context_use(m, tokens[:n_ctx], int(eval_cfg["context_window"]))
-    return ce, cu
+    return ce, cu, per_seq
 
 
 @torch.no_grad()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from .markdown import num, table
 
 # The untrained -> teacher gap must be at least this wide (held-out CE, nats/token) for a share of
@@ -62,7 +64,8 @@ def gates(report: Mapping[str, Any], gap_threshold: float = 0.8, context_thresho
     """Pass/fail quality gates, each with its threshold, measured value and (on failure) why.
 
     * ``quality``: the gap is defined (:func:`gap_recovered`), the assembled student is better than
-      the untrained one, and it recovers at least ``gap_threshold`` of the gap.
+      the untrained one (when ``report["comparisons"]`` has ``student`` vs ``untrained``: its
+      verdict is ``"a better"``, :mod:`zgcore.compare`), and it recovers at least ``gap_threshold`` of the gap.
     * ``context``: the student's context use is finite, positive and at least ``context_threshold``
       times the teacher's (itself positive).
 
@@ -73,8 +76,13 @@ def gates(report: Mapping[str, Any], gap_threshold: float = 0.8, context_thresho
     """
     g, ce = report["gap_recovered"], report["cross_entropy"]
     reason = report.get("gap_reason")
+    vs = next((c for c in report.get("comparisons") or [] if (c["a"], c["b"]) == ("student", "untrained")), None)
     if g is None:
         passed, reason = False, f"gap undefined: {reason}"
+    elif vs is not None and vs["verdict"] != "a better":
+        from .compare import sentence
+
+        passed, reason = False, f"the assembled student is not shown better than the untrained one: {sentence(vs)}"
     elif not ce["student"] < ce["untrained"]:
         passed, reason = False, "the assembled student is not better than the untrained one"
     else:
@@ -165,18 +173,44 @@ def economics(manifest: Mapping[str, Any], blocks: Sequence[Mapping[str, Any]], 
     return econ
 
 
+def model_comparisons(scores: Mapping[str, Any], seed: int,
+                      extra: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The experiment's paired comparisons (:func:`zgcore.compare.compare`): the assembled student
+    against the untrained student and against the teacher, on the held-out split and then on every
+    ``eval.extra`` corpus (their entries carry ``"held_out": name``).
+
+    Args:
+        scores: model key (``teacher``, ``untrained``, ``student``) -> per-sequence CE ``[n]`` (nats/token).
+        seed: the experiment's training seed. extra: ``{name: part}`` as :func:`zgcore.compare.scores_part`.
+    """
+    from .compare import compare
+
+    out = [compare("student", k, [scores["student"]], [scores[k]], [seed]) for k in ("untrained", "teacher")]
+    for name, part in (extra or {}).items():
+        ce = {k: np.asarray(v, dtype=np.float64) for k, v in part["ce"].items()}
+        out += [{**compare("student", k, [ce["student"]], [ce[k]], [seed]), "held_out": name} for k in ("untrained", "teacher")]
+    return out
+
+
 def experiment_report(measured: Mapping[str, Any], eval_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The experiment report from measured figures: perplexities, gap recovered (or why it is
     undefined), gates and the random-teacher note added to ``measured``.
 
     Args:
         measured: ``name``, ``teacher`` (spec), ``cross_entropy`` (``teacher``/``untrained``/``student``,
-            nats/token), ``context_use`` and the rest of what :func:`report_markdown` shows.
+            nats/token), ``context_use``, optionally ``comparisons`` (:func:`zgcore.compare.compare`
+            entries; ``student`` vs ``untrained`` decides the quality gate) and ``extra`` (per
+            ``eval.extra`` corpus its ``cross_entropy``; each gets its own gap recovered) and the
+            rest of what :func:`report_markdown` shows.
         eval_cfg: the ``eval`` settings (``gate_gap``, ``gate_context``).
     """
     ce = measured["cross_entropy"]
     share, reason = gap_recovered(ce["untrained"], ce["student"], ce["teacher"])
-    rep = {**measured, "perplexity": {k: math.exp(v) if _finite(v) and v < 700 else None for k, v in ce.items()},
+    extra = [{**e, **dict(zip(("gap_recovered", "gap_reason"), gap_recovered(e["cross_entropy"]["untrained"],
+                                                                          e["cross_entropy"]["student"],
+                                                                          e["cross_entropy"]["teacher"])))}
+             for e in measured.get("extra") or []]
+    rep = {**measured, "extra": extra, "perplexity": {k: math.exp(v) if _finite(v) and v < 700 else None for k, v in ce.items()},
            "gap_recovered": share, "gap_reason": reason, "gap_margin": GAP_MARGIN,
            "teacher_note": random_teacher_note(measured["teacher"])}
     rep["gates"] = gates(rep, float(eval_cfg["gate_gap"]), float(eval_cfg["gate_context"]))
@@ -198,8 +232,12 @@ def gate_text(gates_: Mapping[str, Mapping[str, Any]]) -> str:
 def summary_line(report: Mapping[str, Any]) -> str:
     """One line for the terminal: the three cross-entropies and the gap recovered."""
     ce = report["cross_entropy"]
-    return (f"held-out CE (nats/token): teacher {num(ce['teacher'])} | untrained student {num(ce['untrained'])} | "
+    line = (f"held-out CE (nats/token): teacher {num(ce['teacher'])} | untrained student {num(ce['untrained'])} | "
             f"assembled student {num(ce['student'])} | gap recovered {gap_text(report['gap_recovered'])}")
+    for e in report.get("extra") or []:
+        line += f"\n  out of domain, {e['name']}: student CE {num(e['cross_entropy']['student'])} | gap recovered " \
+                f"{gap_text(e['gap_recovered'])}"
+    return line
 
 
 MODELS = (("teacher", "teacher"), ("untrained", "untrained student"), ("student", "assembled student"))
@@ -240,6 +278,22 @@ def _shift_md(shift: Mapping[str, Any]) -> list[str]:
                     "![drift](drift.png) ![loss curves](loss_curves.png)", ""]
 
 
+def _extra_md(report: Mapping[str, Any]) -> list[str]:
+    """The out-of-domain table: per ``eval.extra`` corpus, the three CEs and the gap recovered, beside in-domain."""
+    extra = report.get("extra") or []
+    if not extra:
+        return []
+    ce = report["cross_entropy"]
+    rows = [["in-domain (held-out split of the training corpus)", report["val_sequences"], num(ce["teacher"]),
+             num(ce["untrained"]), num(ce["student"]), gap_text(report["gap_recovered"])]]
+    rows += [[f"{e['name']} (out of domain)", e["sequences"], num(e["cross_entropy"]["teacher"]),
+              num(e["cross_entropy"]["untrained"]), num(e["cross_entropy"]["student"]),
+              gap_text(e["gap_recovered"], e.get("gap_reason"))] for e in extra]
+    return ["## In-domain and out-of-domain held-out text", "",
+            "Each `eval.extra` corpus is tokenised with the teacher's tokenizer and never trained on (nats/token).", "",
+            table(["held-out text", "sequences", "teacher CE", "untrained CE", "student CE", "gap recovered"], rows), ""]
+
+
 def report_markdown(report: Mapping[str, Any]) -> str:
     """Render the experiment report (:func:`experiment_report`) as Markdown; every figure through
     :func:`zgcore.markdown.num`, so a missing or non-finite one is named, never a crash."""
@@ -259,6 +313,17 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     else:
         lines += [f"Gap recovered by training: **{gap_text(report['gap_recovered'])}** "
                   "of the held-out CE gap between the untrained student and the teacher.", ""]
+    sub = report.get("subset")
+    if sub and sub["sequences"] < sub["of"]:
+        lines += [f"Scored on a random subset of {sub['sequences']} of the {sub['of']} held-out sequences "
+                  f"(eval.max_sequences, eval.subset_seed={sub['seed']}; rows sha256 `{sub['sha256'][:16]}`).", ""]
+    lines += _extra_md(report)
+    if report.get("comparisons"):
+        from .compare import markdown as comparisons_md, sentence
+
+        lines += ["## Comparisons", "", comparisons_md(report["comparisons"]), ""]
+        lines += [f"- {sentence(c)}" + (f" [{c['held_out']}]" if c.get("held_out") else "") for c in report["comparisons"]]
+        lines += [""]
     cu = report.get("context_use")
     if cu:
         lines += [f"## Context use (W = {report['context_window']} tokens, {report['context_sequences']} sequences)", "",

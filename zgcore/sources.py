@@ -2,7 +2,9 @@
 reading their documents one at a time (never the whole corpus into memory).
 
 ``corpus.source`` is ``"pydoc"`` (the standard library's English reference text,
-``pydoc_data.topics``), ``"python-stdlib"`` (the standard library's own ``.py`` files, ~30 MB), or
+``pydoc_data.topics``), ``"python-stdlib"`` (the standard library's own ``.py`` files, ~30 MB),
+``"stdlib-docstrings"`` (the docstrings of :data:`DOCSTRING_MODULES`, ~85k characters: API
+documentation, out of the domain of ``pydoc``'s language reference; ``eval.extra``'s default), or
 one path / glob or a list of them. A path is a text file, a ``.jsonl`` file (each record's
 ``text_field``), a ``.parquet`` file (its ``text_field`` column, read with pyarrow) or a folder
 written by ``datasets.save_to_disk`` (its ``text_field`` column, read with datasets).
@@ -22,7 +24,11 @@ from typing import Any, Callable, Iterator, Mapping
 
 from .checks import ConfigError
 
-BUILTIN = ("pydoc", "python-stdlib")
+BUILTIN = ("pydoc", "python-stdlib", "stdlib-docstrings")
+# stdlib-docstrings: these modules' docstrings (module, classes, functions), in this order; a module
+# this Python lacks is left out (the text depends on the Python version, as python-stdlib's does)
+DOCSTRING_MODULES = ("collections/__init__", "contextlib", "csv", "dataclasses", "fractions", "functools", "heapq",
+                     "json/__init__", "pprint", "random", "shutil", "string", "tempfile", "textwrap", "uuid")
 _GLOB_CHARS = set("*?[")
 
 
@@ -57,14 +63,35 @@ def stdlib_files() -> list[Path]:
     return [root / r for r in rel]
 
 
+def module_docstrings(path: Path) -> str:
+    """Every docstring of one Python source file (module, classes, functions, in source order),
+    cleaned by :func:`ast.get_docstring` and separated by blank lines; "" when it has none.
+
+    Raises:
+        SyntaxError: the file is not Python this interpreter parses.
+    """
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = [(getattr(n, "lineno", 0), ast.get_docstring(n)) for n in ast.walk(tree)
+             if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    return "\n\n".join(d for _, d in sorted(found, key=lambda x: x[0]) if d)
+
+
+def docstring_files() -> list[Path]:
+    """The files of :data:`DOCSTRING_MODULES` this Python has, in that order."""
+    root = stdlib_root()
+    return [root / f"{m}.py" for m in DOCSTRING_MODULES if (root / f"{m}.py").is_file()]
+
+
 def entries(corpus: Mapping[str, Any]) -> list[Entry]:
-    """Expand ``corpus.source`` into entries in a deterministic order ([] for pydoc).
+    """Expand ``corpus.source`` into entries in a deterministic order ([] for pydoc and stdlib-docstrings).
 
     Raises:
         ConfigError: an empty source list, a pattern that matches nothing.
     """
     src = corpus["source"]
-    if src == "pydoc":
+    if src in ("pydoc", "stdlib-docstrings"):
         return []
     if src == "python-stdlib":
         return [Entry(p, False) for p in stdlib_files()]
@@ -211,6 +238,10 @@ def documents(corpus: Mapping[str, Any], piece_chars: int, skipped: list[dict[st
         from pydoc_data.topics import topics
 
         yield "pydoc", True, ((f"pydoc:{k}", topics[k], True) for k in sorted(topics))
+        return
+    if corpus["source"] == "stdlib-docstrings":
+        yield "stdlib-docstrings", True, ((f"docstrings:{p.relative_to(stdlib_root()).with_suffix('').as_posix()}",
+                                       module_docstrings(p), True) for p in docstring_files())
         return
     for e in entries(corpus) if corpus["source"] in BUILTIN else check(corpus):
         reason = empty_reason(e, field)
