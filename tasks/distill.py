@@ -10,12 +10,13 @@ import luigi
 
 from zgcore import corpus, distill as zdistill, lr_search
 from zgcore.atomic import write_json, write_text
+from zgcore.compare import SCORES, check_same_sequences, load_scores, save_scores, scores_part
 from zgcore.distill_config import distill_hashed
 from zgcore.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 
 from . import search
 from .assemble import _StudentTask
-from .base import HIDDEN
+from .base import HIDDEN, ZGTask
 from .cache import TeacherBoundary
 from .evaluate import Evaluate
 from .heal import Heal, _DistillTask
@@ -201,19 +202,28 @@ def zdistill_layers(model):
 
 
 class EvaluateStudent(_StudentTask):
-    """Held-out CE (nats/token) and context use of one trained student folder (the end-to-end arm);
-    writes ``eval.json`` (``{"ce": null, "diverged": {...}}`` for a diverged search candidate)."""
+    """Held-out CE (nats/token) and context use of one trained student folder (the end-to-end arm),
+    on the same seeded subset of the validation split as :class:`~tasks.evaluate.Evaluate` and (not
+    for a search candidate) on every ``eval.extra`` corpus; writes ``eval.json`` (``{"ce": null,
+    "diverged": {...}}`` for a diverged search candidate) and ``per_sequence_ce.json`` (key ``student``)."""
 
+    # 2: random test subset (eval.max_sequences, eval.subset_seed), per-sequence CE, eval.extra corpora
+    code_version = 2
     eval = luigi.DictParameter(visibility=HIDDEN)
     distill = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(default={}, visibility=HIDDEN, description="DistillE2E's heal (budget matching)")
     candidate = luigi.BoolParameter(default=False, significant=False, description="DistillE2E's candidate flag")
 
     def requires(self):
-        return {"model": DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                    distill=self.distill, heal=self.heal, candidate=self.candidate, eval=self.eval,
-                                    outputs=self.outputs, device=self.device),
-                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+        from .heldout import held_out_tasks
+
+        req = {"model": DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                                   distill=self.distill, heal=self.heal, candidate=self.candidate, eval=self.eval,
+                                   outputs=self.outputs, device=self.device),
+               "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+        if not self.candidate and held_out_tasks(self, self.eval):  # a search candidate is scored in-domain only
+            req["extra"] = held_out_tasks(self, self.eval)
+        return req
 
     def own_config(self):
         return {"eval": self.eval}
@@ -225,24 +235,42 @@ class EvaluateStudent(_StudentTask):
         import torch
         from transformers import AutoModelForCausalLM
 
-        from zgcore import metrics
+        from zgcore import compare, heldout_score, metrics
 
-        div = search.diverged(self.requires()["model"])
+        from .heldout import read_held_out
+
+        req = self.requires()
+        div = search.diverged(req["model"])
         if div is not None:  # only a search candidate records a divergence: it has no CE and loses
             with self.building() as tmp:
                 write_json(tmp / "eval.json", {"ce": None, "diverged": div, "context_use": None})
             self.log(f"lr {div['lr']:g} diverged ({div['what']} at step {div['step']}): no CE")
             return
-        val = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "val")
-        if int(self.eval["max_sequences"]):
-            val = val[: int(self.eval["max_sequences"])]
-        model = AutoModelForCausalLM.from_pretrained(student_dir(self.requires()["model"]), dtype=torch.float32).to(self.device)
-        ce = metrics.cross_entropy(model, val, int(self.eval["batch_size"]), desc="CE e2e")
+        val_all = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
+        rows = metrics.eval_subset(len(val_all), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
+        val = val_all[rows]
+        model = AutoModelForCausalLM.from_pretrained(student_dir(req["model"]), dtype=torch.float32).to(self.device)
+        per_seq = metrics.sequence_cross_entropy(model, val, int(self.eval["batch_size"]), desc="CE e2e")
+        ce = float(per_seq.mean())
         n_ctx = min(int(self.eval["context_sequences"]), len(val))
         cu = metrics.context_use(model, val[:n_ctx], int(self.eval["context_window"])) if n_ctx else None
+        extra, extra_scores = heldout_score.score([(json.loads((t.out_dir / "meta.json").read_text()), read_held_out(t))
+                                             for t in req.get("extra", [])], [("student", model)], self.eval)
         with self.building() as tmp:
-            write_json(tmp / "eval.json", {"ce": ce, "context_use": cu, "val_tokens": int(val.size)})
+            write_json(tmp / "eval.json", {"ce": ce, "context_use": cu, "val_tokens": int(val.size),
+                                           "subset_sha256": compare.subset_digest(rows), "extra": extra})
+            compare.save_scores(tmp / compare.SCORES, compare.scores_part({"student": per_seq}, rows), extra_scores)
         self.log(f"held-out CE {ce:.4f} nats/token")
+
+
+def arm_scores(req: dict) -> tuple[dict[str, Any], Any]:
+    """Each arm's per-sequence held-out CE (float64 ``[n]``, nats/token) from the evaluations in a
+    DistillStudyReport's ``req`` (Evaluate tasks: their ``student``; EvaluateStudent: its only
+    model), and the held-out rows they scored (checked to be the same for every arm)."""
+    parts = {k: load_scores(t.out_dir / SCORES)["val"] for k, t in req.items()
+             if k in ("blockwise", "healed") or isinstance(t, EvaluateStudent)}
+    check_same_sequences([p["subset_sha256"] for p in parts.values()], "distillation study's arms")
+    return {k: p["ce"]["student"] for k, p in parts.items()}, next(iter(parts.values()))["rows"]
 
 
 class DistillStudyReport(_StudentTask):
@@ -254,7 +282,8 @@ class DistillStudyReport(_StudentTask):
 
     # 2: the report takes its gap and gates from zgcore.report (commit 3d0ea91)
     # 3: arm (d) end to end at the blockwise + healing budget; each arm's lr and lr search
-    code_version = 3
+    # 4: comparisons (paired bootstrap over held-out sequences), the arms' per_sequence_ce.json, eval.extra per arm
+    code_version = 4
     uses_device = False  # reads the arms' results only
     eval = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(visibility=HIDDEN)
@@ -335,7 +364,51 @@ class DistillStudyReport(_StudentTask):
                "e2e_healed_steps": e2e_h["steps"], "heal_steps": int(self.heal["steps"]),
                "e2e_batch": int(self.distill["batch_size"]), "matched_steps": e2e["matched_steps"],
                "reports": {"blockwise": str(req["blockwise"].out_dir), "healed": str(req["healed"].out_dir)}}
+        scores, rows = arm_scores(req)
+        seed = int(self.blocks[0]["seed"])
+        rep["seeds"] = [seed]
+        rep["comparisons"] = distill_report.comparisons({k: {seed: v} for k, v in scores.items()})
         with self.building() as tmp:
             write_json(tmp / "report.json", rep)
+            save_scores(tmp / SCORES, scores_part(scores, rows))
             write_text(tmp / "report.md", distill_report.markdown(rep))
         print(f"\nReport: {self.out_dir / 'report.md'}\n\n" + distill_report.markdown(rep), flush=True)
+
+
+class DistillSeedsReport(ZGTask):
+    """The distillation study over ``seeds``: one :class:`DistillStudyReport` per seed (its own
+    blocks, end-to-end student and healing; the teacher cache is shared), then the arms' CE per
+    seed and mean ± std, and comparisons pooled over seeds (``report.json``, ``report.md``)."""
+
+    uses_device = False  # reads the per-seed reports only
+    teacher = luigi.Parameter()
+    corpus = luigi.DictParameter(visibility=HIDDEN)
+    boundary = luigi.DictParameter(visibility=HIDDEN)
+    eval = luigi.DictParameter(visibility=HIDDEN)
+    studies = luigi.ListParameter(visibility=HIDDEN, description="per seed: {seed, blocks, heal, distill}")
+    name = luigi.Parameter(default="distill-study", significant=False)
+
+    def requires(self):
+        return [DistillStudyReport(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=st["blocks"],
+                                   eval=self.eval, heal=st["heal"], distill=st["distill"], name=self.name,
+                                   outputs=self.outputs, device=self.device) for st in self.studies]
+
+    def own_config(self):
+        return {}
+
+    def label(self):
+        return "distill-seeds-" + "-".join(str(st["seed"]) for st in self.studies)
+
+    def run(self):
+        from zgcore import distill_report
+
+        seeds = [int(st["seed"]) for st in self.studies]
+        reports = [json.loads((t.out_dir / "report.json").read_text()) for t in self.requires()]
+        parts = [load_scores(t.out_dir / SCORES)["val"] for t in self.requires()]
+        check_same_sequences([p["subset_sha256"] for p in parts], "seeds")
+        rep = distill_report.seeds_report(self.name, seeds, reports, [p["ce"] for p in parts])
+        rep["reports"] = [str(t.out_dir / "report.md") for t in self.requires()]
+        with self.building() as tmp:
+            write_json(tmp / "report.json", rep)
+            write_text(tmp / "report.md", distill_report.seeds_markdown(rep))
+        print(f"\nReport: {self.out_dir / 'report.md'}\n\n" + distill_report.seeds_markdown(rep), flush=True)

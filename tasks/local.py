@@ -19,7 +19,9 @@ import json
 
 import luigi
 
-from zgcore import corpus, local as zlocal, lr_search, metrics
+import numpy as np
+
+from zgcore import compare, corpus, local as zlocal, lr_search, metrics
 from zgcore.atomic import write_json, write_text
 from zgcore.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 
@@ -130,6 +132,9 @@ class EvaluateLocal(_LocalTask):
     sweep (all of them; the configuration must hold some out). A diverged tuning run gets
     ``{"held_out_ce": null, "diverged": {...}}``; a diverged run on the test split fails."""
 
+    # 2: a seeded random test subset (eval.max_sequences, eval.subset_seed) and per-sequence CE (per_sequence_ce.json)
+    code_version = 2
+
     eval = luigi.DictParameter()
     split = luigi.ChoiceParameter(choices=["val", "tune"], default="val", description="val (test) | tune")
 
@@ -159,15 +164,19 @@ class EvaluateLocal(_LocalTask):
         val = _model_tokens(self.corpus_task(), self.setup)[self.split]
         if self.split == "tune" and not len(val):
             raise ValueError(f"{self.label()}: no tuning split (setup train.holdout_sequences is 0)")
-        if self.split == "val" and int(self.eval["max_sequences"]):
-            val = val[: int(self.eval["max_sequences"])]
+        rows = (metrics.eval_subset(len(val), int(self.eval["max_sequences"]), int(self.eval.get("subset_seed", 0)))
+                if self.split == "val" else np.arange(len(val)))
+        val = val[rows]
         bsz = int(self.eval["batch_size"])
         ev = zlocal.evaluate_local(lm, val, bsz)
-        ce = metrics.cross_entropy(lm.model, val, bsz, desc=f"CE {self.label()}")
+        per_seq = metrics.sequence_cross_entropy(lm.model, val, bsz, desc=f"CE {self.label()}")
+        ce = float(per_seq.mean())
         with self.building() as tmp:
             write_json(tmp / "eval.json", {**ev, "held_out_ce": ce, "val_sequences": int(len(val)),
                                            "val_tokens": int(len(val) * (val.shape[1] - 1)),
+                                           "subset_sha256": compare.subset_digest(rows),
                                            **({"split": "tune"} if self.split == "tune" else {})})
+            compare.save_scores(tmp / compare.SCORES, compare.scores_part({"model": per_seq}, rows))
         self.log(f"{self.split} CE {ce:.4f} nats/token; per boundary {[round(c, 4) for c in ev['boundary_ce']]}")
 
 
@@ -253,7 +262,8 @@ class LocalStudyReport(ZGTask):
 
     # 2: tokens per parameter, the paper's findings, the lr column and the learning-rate sweep
     # 3: the lr search (every lr searched per configuration, edges, diverged candidates)
-    code_version = 3
+    # 4: seeds, comparisons (paired bootstrap over test sequences, pooled over seeds), findings from their verdicts
+    code_version = 4
     uses_device = False  # reads the EvaluateLocal results only
 
     tokenizer = luigi.Parameter()
@@ -312,7 +322,7 @@ class LocalStudyReport(ZGTask):
         return self._finals(runs) if runs else []
 
     def own_config(self):
-        out = {"cells": [{k: c[k] for k in ("K", "aux", "mtp")} for c in self.cells]}
+        out = {"cells": [{k: c[k] for k in ("K", "aux", "mtp", "seed") if k in c} for c in self.cells]}
         if self.lrs:
             out["sweep"] = {"lrs": [float(x) for x in self.lrs], "tune_fraction": float(self.tune_fraction),
                             "rounds": int(self.lr_rounds)}
@@ -337,6 +347,7 @@ class LocalStudyReport(ZGTask):
             pre = model.out_dir
             by_run[key] = {"train": json.loads((pre / "metrics.json").read_text()),
                            "eval": json.loads((t.out_dir / "eval.json").read_text()), "dir": str(pre),
+                           "scores": compare.load_scores(t.out_dir / compare.SCORES)["val"],
                            **({"choice": choices[key]} if key in choices else {})}
         cells = _plain(list(self.cells))
         results = [by_run[json.dumps(c["run"], sort_keys=True)] for c in cells]

@@ -7,12 +7,22 @@ import luigi
 
 from zgcore import plots, study
 from zgcore.atomic import write_json, write_text
+from zgcore.compare import SCORES, check_same_sequences, load_scores
 
 from .base import HIDDEN, ZGTask
 from .evaluate import Evaluate
 
 
+def student_scores(e: Evaluate) -> dict:
+    """The held-out split's per-sequence CE of a finished Evaluate: ``{"teacher", "untrained",
+    "student": float64 [n]}`` (nats/token), and ``"subset_sha256"``, the rows it scored."""
+    d = load_scores(e.out_dir / SCORES)["val"]
+    return {**d["ce"], "subset_sha256": d["subset_sha256"]}
+
+
 class _ManyEvaluations(ZGTask):
+    # 2: comparisons (paired bootstrap over held-out sequences, pooled over seeds) from Evaluate's per_sequence_ce.json
+    code_version = 2
     uses_device = False  # reads the Evaluate reports only
     teacher = luigi.Parameter()
     corpus = luigi.DictParameter(visibility=HIDDEN)
@@ -43,7 +53,9 @@ class SeedSummary(_ManyEvaluations):
 
     def run(self):
         reports = [json.loads((e.out_dir / "report.json").read_text()) for e in self.requires()]
-        summary = study.seed_summary(reports, list(self.seeds))
+        scores = [student_scores(e) for e in self.requires()]
+        check_same_sequences([s["subset_sha256"] for s in scores], "seeds")
+        summary = study.seed_summary(reports, list(self.seeds), scores)
         summary["reports"] = [str(e.out_dir / "report.md") for e in self.requires()]
         with self.building() as tmp:
             write_json(tmp / "report.json", summary)
@@ -72,7 +84,9 @@ class ObjectiveStudyReport(_ManyEvaluations):
         for a, ev, blocks in zip(self.arms, req["evaluations"], req["blocks"]):
             arms.append({"objective": a["objective"], "targets": a["targets"], "seed": a["seed"], "multi_seed": len(seeds) > 1,
                          "report": json.loads((ev.out_dir / "report.json").read_text()),
+                         "scores": student_scores(ev)["student"], "subset": student_scores(ev)["subset_sha256"],
                          "block_files": [b.out_dir / "block.safetensors" for b in blocks]})
+        check_same_sequences([a["subset"] for a in arms], "objective study's arms")
         result = study.objective_study(arms)
         with self.building() as tmp:
             write_json(tmp / "report.json", result)

@@ -5,7 +5,7 @@ from typing import Any
 
 import luigi
 
-from tasks.distill import DistillStudyReport
+from tasks.distill import DistillSeedsReport, DistillStudyReport
 from zgcore import config as zconfig
 from zgcore.distill_config import check_one_width
 
@@ -13,8 +13,15 @@ from .experiment import block_settings, load_config
 from . import RunExperiment
 
 
-def build_distill_study(cfg: dict[str, Any], outputs: str = "outputs") -> DistillStudyReport:
-    """The report task over the four arms of one resolved experiment (``heal.steps`` > 0 required)."""
+def build_distill_study(cfg: dict[str, Any], outputs: str = "outputs") -> DistillStudyReport | DistillSeedsReport:
+    """The report task over the four arms of one resolved experiment (``heal.steps`` > 0
+    required); with ``seeds``, a :class:`DistillSeedsReport` over one study per seed (each seed
+    replaces ``train.seed``, ``heal.seed`` and ``distill.seed``)."""
+    if cfg.get("seeds"):
+        studies = [{"seed": int(s), "blocks": block_settings(cfg, s), "heal": {**cfg["heal"], "seed": int(s)},
+                    "distill": {**cfg["distill"], "seed": int(s)}} for s in cfg["seeds"]]
+        return DistillSeedsReport(teacher=cfg["teacher"], corpus=cfg["corpus"], boundary=cfg["boundary"], eval=cfg["eval"],
+                                  studies=studies, name=cfg["name"], outputs=outputs, device=cfg["device"])
     return DistillStudyReport(teacher=cfg["teacher"], corpus=cfg["corpus"], boundary=cfg["boundary"],
                               blocks=block_settings(cfg), eval=cfg["eval"], heal=cfg["heal"], distill=cfg["distill"],
                               name=cfg["name"], outputs=outputs, device=cfg["device"])
@@ -28,12 +35,13 @@ class DistillStudy(RunExperiment):
     (d) end-to-end distillation at the passes of (c). ``distill.lrs`` searches the lr of (b) and (d),
     ``train.lrs`` every block's (see docs/tuning.md).
 
-    Same parameters as :class:`RunExperiment` (default preset ``default``). Raises
-    ``zgcore.config.ConfigError`` at construction on bad input, ``heal.steps = 0`` and ``seeds`` included.
+    Same parameters as :class:`RunExperiment` (default preset ``default``); ``seeds = [0, 1]`` runs
+    the three arms once per seed and pools the comparisons (:class:`tasks.distill.DistillSeedsReport`).
+    Raises ``zgcore.config.ConfigError`` at construction on bad input, ``heal.steps = 0`` included.
     """
 
     def resolve(self):
-        cfg = load_config(self.config, self.set, self.preset)
+        cfg = load_config(self.config, self.set, self.preset, seeded_heal=True)
         if not int(cfg["heal"]["steps"]):
             raise zconfig.ConfigError("DistillStudy needs heal.steps > 0 for its healed arm (c), e.g. --set heal.steps=50")
         check_one_width(block_settings(cfg))

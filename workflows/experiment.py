@@ -111,9 +111,10 @@ class ConfiguredWorkflow(luigi.WrapperTask):
         raise NotImplementedError
 
 
-def load_config(config: str = "", overrides: str = "", preset: str = "") -> dict[str, Any]:
+def load_config(config: str = "", overrides: str = "", preset: str = "", seeded_heal: bool = False) -> dict[str, Any]:
     """Resolve an experiment: defaults < preset < file < overrides, and check it against the
-    teacher's shape (config only — no weights are loaded).
+    teacher's shape (config only — no weights are loaded). ``seeded_heal``: allow ``heal.steps`` with
+    ``seeds`` (the distillation study heals every seed's student; an experiment does not).
 
     Raises:
         zgcore.config.ConfigError: anything that would fail later, with what to fix.
@@ -121,7 +122,7 @@ def load_config(config: str = "", overrides: str = "", preset: str = "") -> dict
     cfg = zconfig.resolve(config or None, overrides or None, base=load_preset(preset))
     info = describe(cfg["teacher"])
     zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"], info.mlp_width)
-    if int(cfg["heal"]["steps"]) and cfg.get("seeds"):
+    if int(cfg["heal"]["steps"]) and cfg.get("seeds") and not seeded_heal:
         raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0")
     return cfg
 

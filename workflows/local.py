@@ -32,7 +32,7 @@ def load_local_config(config: str = "", overrides: str = "", preset: str = "loca
 def build_local_study(cfg: dict[str, Any], outputs: str = "outputs") -> LocalStudyReport:
     """The report task (and through it every configuration's pretraining and evaluation)."""
     lrs = zlocal.study_lrs(cfg)
-    return LocalStudyReport(tokenizer=cfg["tokenizer"], corpus=cfg["corpus"], cells=zlocal.expand_study(cfg),
+    return LocalStudyReport(tokenizer=cfg["tokenizer"], corpus=cfg["corpus"], cells=zlocal.expand_seeds(cfg),
                             eval=cfg["eval"], name=cfg["name"], outputs=outputs, device=cfg["device"],
                             checkpoint_every=int(cfg["train"]["checkpoint_every"]), lrs=lrs,
                             tensorboard=bool(cfg["train"]["tensorboard"]),

@@ -128,10 +128,10 @@ def compare(a: str, b: str, ce_a: Sequence[np.ndarray], ce_b: Sequence[np.ndarra
     if not seeds or len(ce_a) != len(seeds) or len(ce_b) != len(seeds):
         raise ValueError(f"compare({a!r}, {b!r}) needs one CE array per seed for each arm: "
                          f"{len(ce_a)} and {len(ce_b)} arrays for seeds {list(seeds)}")
-    diffs = [np.asarray(x, dtype=np.float64) - np.asarray(y, dtype=np.float64) for x, y in zip(ce_a, ce_b)]
-    n = len(diffs[0])
-    if any(d.ndim != 1 or len(d) != n for d in diffs) or any(np.shape(x) != (n,) for x in (*ce_a, *ce_b)):
+    n = len(ce_a[0])
+    if any(np.shape(x) != (n,) for x in (*ce_a, *ce_b)):
         raise ValueError(f"compare({a!r}, {b!r}): every arm and seed must score the same number of sequences")
+    diffs = [np.asarray(x, dtype=np.float64) - np.asarray(y, dtype=np.float64) for x, y in zip(ce_a, ce_b)]
     if n < 2:
         raise ValueError(f"compare({a!r}, {b!r}): a bootstrap needs at least 2 held-out sequences, got {n}")
     if not all(np.isfinite(d).all() for d in diffs):
@@ -150,6 +150,27 @@ def compare(a: str, b: str, ce_a: Sequence[np.ndarray], ce_b: Sequence[np.ndarra
             "verdict": verdict(lo, hi), "per_seed": per_seed,
             "seed_std": statistics.stdev(per_seed) if len(per_seed) > 1 else None, "resamples": int(resamples),
             "method": "paired percentile bootstrap over held-out sequences (scipy.stats.bootstrap), pooled over seeds"}
+
+
+def compare_arms(pairs: Sequence[tuple[str, str]], arms: Mapping[str, Mapping[int, np.ndarray]]) -> list[dict[str, Any]]:
+    """:func:`compare` for each ``(a, b)`` of ``pairs`` whose two arms were both measured, pooled
+    over the seeds both have (ascending).
+
+    Args:
+        pairs: arm-name pairs, in the order the report lists them.
+        arms: arm name -> {seed: per-sequence CE ``[n]`` (nats/token)}, every array over the same sequences.
+
+    Returns:
+        The comparisons, skipping pairs with an unmeasured arm or no common seed.
+    """
+    out = []
+    for a, b in pairs:
+        if a not in arms or b not in arms:
+            continue
+        seeds = sorted(set(arms[a]) & set(arms[b]))
+        if seeds:
+            out.append(compare(a, b, [arms[a][s] for s in seeds], [arms[b][s] for s in seeds], seeds))
+    return out
 
 
 def sentence(c: Mapping[str, Any]) -> str:

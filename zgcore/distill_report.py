@@ -9,10 +9,15 @@ import json
 from typing import Any, Mapping, Sequence
 
 from . import report as zreport
+from .compare import compare_arms, markdown as compare_md, sentence
 from .markdown import num, table
 
 ARMS = {"blockwise": "(a) ZeroGraph blockwise", "e2e": "(b) end-to-end distillation", "healed": "(c) blockwise + healing",
         "e2e_healed": "(d) end-to-end, (c)'s budget"}
+# the pairs every distillation report compares (a, b): CE of a minus CE of b; arms a report lacks are skipped.
+# (c) vs (d) asks "does healing beat end to end?" at equal compute.
+COMPARED = (("blockwise", "e2e"), ("healed", "e2e_healed"), ("healed", "blockwise"), ("healed", "e2e"),
+            ("e2e_healed", "e2e"))
 MATCHING = ("Budget matching: a student layer-token pass is one token's forward and backward through one student "
             "layer. Blockwise block i spends steps_i x batch_i x seq_len x layers_i of them; an end-to-end step spends "
             "batch x seq_len x L (L = all student layers). The end-to-end arm gets ceil(sum_i steps_i x batch_i x "
@@ -88,6 +93,30 @@ def json_key(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True)
 
 
+def comparisons(scores: Mapping[str, Mapping[int, Any]], pairs: Sequence[tuple[str, str]] = COMPARED) -> list[dict[str, Any]]:
+    """The study's paired comparisons (:func:`zgcore.compare.compare_arms`): ``scores`` maps arm
+    name -> {seed: per-sequence held-out CE ``[n]``, nats/token}; pooled over seeds."""
+    return compare_arms(pairs, scores)
+
+
+def findings(comps: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The study's findings, one sentence per comparison, each as its verdict allows
+    (:func:`zgcore.compare.sentence`; arms named by their labels in :data:`ARMS`)."""
+    out = []
+    for c in comps:
+        named = {**c, "a": ARMS.get(c["a"], c["a"]), "b": ARMS.get(c["b"], c["b"])}
+        out.append(sentence(named))
+    return out
+
+
+def comparisons_md(report: Mapping[str, Any]) -> str:
+    """The comparisons table and the finding sentences, or "" when the report has none."""
+    comps = report.get("comparisons") or []
+    if not comps:
+        return ""
+    return ("\n## Comparisons\n\n" + compare_md(comps) + "\n\n" + "\n".join(f"- {x}" for x in findings(comps)) + "\n")
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """The study report as Markdown (one table: each arm's CE beside its passes and lrs; the budget
     matching, the lr searches, the reference CEs)."""
@@ -110,4 +139,44 @@ def markdown(report: Mapping[str, Any]) -> str:
             f"{report['e2e_batch']} sequences for (b), {report.get('e2e_healed_steps', '—')} for (d)." + search
             + "\n\nWall times are the tasks' own measured training (and, for (a) and (c), "
             "cache-building) times; assembling and evaluating are left out. Peak RSS is each task's own peak "
-            "resident memory (the kernel's high-water mark reset at the task's start).\n")
+            "resident memory (the kernel's high-water mark reset at the task's start).\n" + comparisons_md(report))
+
+
+def seeds_report(name: str, seeds: Sequence[int], reports: Sequence[Mapping[str, Any]],
+                 scores: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The distillation study over several seeds (each seed: its own blocks, end-to-end student
+    and healing; one teacher cache).
+
+    Args:
+        seeds: the seeds, in order. reports: each seed's study report (:func:`markdown`'s input).
+        scores: per seed, arm name -> per-sequence held-out CE ``[n]`` (nats/token), the same sequences for all.
+
+    Returns:
+        ``{"name", "seeds", "arms": [{"name", "label", "ce": [per seed], "ce_mean", "ce_std",
+        "gap_recovered": [per seed], "passes": [per seed]}], "comparisons" (pooled over seeds),
+        "findings" (sentences), "ce_teacher", "teacher"}``.
+    """
+    from .study import mean_std
+
+    names = [a["name"] for a in reports[0]["arms"]]
+    arms = []
+    for n in names:
+        per = [next(a for a in r["arms"] if a["name"] == n) for r in reports]
+        m, sd = mean_std([a["ce"] for a in per])
+        arms.append({"name": n, "label": ARMS.get(n, n), "ce": [a["ce"] for a in per], "ce_mean": m, "ce_std": sd,
+                     "gap_recovered": [a["gap_recovered"] for a in per], "passes": [a["passes"] for a in per]})
+    comps = comparisons({n: {s: sc[n] for s, sc in zip(seeds, scores)} for n in names})
+    return {"name": name, "teacher": reports[0]["teacher"], "seeds": list(seeds), "ce_teacher": reports[0]["ce_teacher"],
+            "arms": arms, "comparisons": comps, "findings": findings(comps)}
+
+
+def seeds_markdown(rep: Mapping[str, Any]) -> str:
+    """:func:`seeds_report` as Markdown: per arm its CE per seed and mean ± std, then the comparisons."""
+    rows = [[a["label"], ", ".join(num(x) for x in a["ce"]), f"{num(a['ce_mean'])} ± {num(a['ce_std'])}",
+             ", ".join(zreport.gap_text(g) for g in a["gap_recovered"]), ", ".join(f"{p:,}" for p in a["passes"])]
+            for a in rep["arms"]]
+    return (f"# Distillation study over seeds {rep['seeds']}: {rep['name']}\n\nTeacher `{rep['teacher']}`, held-out CE "
+            f"{num(rep['ce_teacher'])} nats/token. Each seed trains its own blocks, end-to-end student and healing on one "
+            "teacher cache; per-seed reports carry the timings.\n\n"
+            + table(["arm", "held-out CE per seed", "mean ± std", "gap recovered per seed", "layer-token passes"], rows)
+            + "\n" + comparisons_md(rep))

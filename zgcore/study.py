@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+import numpy as np
+
+from .compare import compare_arms, markdown as compare_md, sentence
 from .markdown import num, table
 from .report import gap_text, gate_text
 
@@ -19,11 +22,16 @@ def mean_std(xs: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def seed_summary(reports: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dict[str, Any]:
-    """Per-seed and mean ± std of held-out CE, gap recovered and context use; gates per seed.
+def seed_summary(reports: Sequence[dict[str, Any]], seeds: Sequence[int],
+                 scores: Sequence[Mapping[str, np.ndarray]] | None = None) -> dict[str, Any]:
+    """Per-seed and mean ± std of held-out CE, gap recovered and context use; gates per seed; and
+    ``comparisons`` (:mod:`zgcore.compare`, pooled over seeds): the assembled student against the
+    untrained student and against the teacher.
 
     Args:
         reports: Evaluate ``report.json`` dicts, one per seed, in ``seeds`` order.
+        scores: per seed, model key (``teacher``, ``untrained``, ``student``) -> per-sequence CE
+            ``[n]`` (the ``val`` part of each Evaluate's ``per_sequence_ce.json``); None: no comparisons.
     """
     rows = []
     for s, r in zip(seeds, reports):
@@ -39,7 +47,11 @@ def seed_summary(reports: Sequence[dict[str, Any]], seeds: Sequence[int]) -> dic
             undefined[k] = f"undefined for seed(s) {[r['seed'] for r in rows if r[k] is None]}"
         else:
             agg[k] = dict(zip(("mean", "std"), mean_std(vals)))
-    return {"seeds": list(seeds), "rows": rows, "aggregate": agg, "undefined": undefined,
+    comparisons = []
+    if scores is not None:
+        arms = {k: {s: sc[k] for s, sc in zip(seeds, scores)} for k in ("student", "untrained", "teacher")}
+        comparisons = compare_arms([("student", "untrained"), ("student", "teacher")], arms)
+    return {"seeds": list(seeds), "rows": rows, "aggregate": agg, "undefined": undefined, "comparisons": comparisons,
             "teacher_note": reports[0].get("teacher_note") if reports else None,
             "all_gates_passed": all(r["gates"] and all(r["gates"].values()) for r in rows)}
 
@@ -56,7 +68,15 @@ def seed_markdown(summary: dict[str, Any], name: str) -> str:
     lines += [f"- {k}: {num(v['mean'])} ± {num(v['std'])} (mean ± std over {len(summary['rows'])} seeds)"
               for k, v in summary["aggregate"].items()]
     lines += [f"- {k}: {why}" for k, why in summary.get("undefined", {}).items()] + [""]
-    return "\n".join(lines)
+    return "\n".join(lines + comparisons_lines(summary.get("comparisons")))
+
+
+def comparisons_lines(comparisons: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """Markdown lines of a report's comparisons: the table, then one sentence per comparison
+    (:func:`zgcore.compare.sentence`, so a finding is stated only as its verdict allows)."""
+    if not comparisons:
+        return []
+    return (["## Comparisons", "", compare_md(comparisons), ""] + [f"- {sentence(c)}" for c in comparisons] + [""])
 
 
 def files_identical(a: Sequence[Path], b: Sequence[Path]) -> bool:
@@ -78,8 +98,11 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     Returns:
         ``rows`` (one per arm: local objective's final value per block, its reduction from the first
-        step, held-out CE, gap recovered, context use, gates) and ``identical`` (per objective and
-        seed: whether the cached and online arms' block weights are byte-identical).
+        step, held-out CE, gap recovered, context use, gates), ``identical`` (per objective and
+        seed: whether the cached and online arms' block weights are byte-identical) and
+        ``comparisons`` (:mod:`zgcore.compare`, pooled over seeds; needs each arm's ``scores``, the
+        student's per-sequence CE ``[n]``): per target source noisy vs clean, denoise vs clean,
+        denoise vs noisy; per objective online vs cached.
     """
     rows, identical = [], {}
     for a in arms:
@@ -101,7 +124,15 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for (obj, seed), d in by_key.items():
         if "cached" in d and "online" in d:
             identical[f"{obj}/s{seed}"] = files_identical(d["cached"], d["online"])
-    return {"rows": rows, "identical": identical}
+    groups: dict[str, dict[int, np.ndarray]] = {}
+    for a in arms:
+        if a.get("scores") is not None:
+            groups.setdefault(f"{a['objective']}/{a['targets']}", {})[a["seed"]] = a["scores"]
+    objs = list(dict.fromkeys(a["objective"] for a in arms))
+    tgs = list(dict.fromkeys(a["targets"] for a in arms))
+    pairs = [(f"{x}/{tg}", f"{y}/{tg}") for tg in tgs for x, y in (("noisy", "clean"), ("denoise", "clean"), ("denoise", "noisy"))]
+    pairs += [(f"{o}/online", f"{o}/cached") for o in objs]
+    return {"rows": rows, "identical": identical, "comparisons": compare_arms(pairs, groups)}
 
 
 def study_markdown(study: dict[str, Any]) -> str:
@@ -125,4 +156,4 @@ def study_markdown(study: dict[str, Any]) -> str:
     lines += ["", "Cached vs online block weights, byte for byte:", ""]
     lines += [f"- {k}: {'identical' if v else 'DIFFERENT'}" for k, v in study["identical"].items()]
     lines += ["", "![arms](arms.png)", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + comparisons_lines(study.get("comparisons")))

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from ..loop import data_order, lr_at
 from ..memory import SavedTensorMeter
-from .config import (AUX_HEADS, EXECUTIONS, LOCAL_DEFAULTS, MTP_CHOICES, UNHASHED_TOP, VOCABS, boundaries, expand_study,
+from .config import (AUX_HEADS, EXECUTIONS, LOCAL_DEFAULTS, MTP_CHOICES, UNHASHED_TOP, VOCABS, boundaries, expand_seeds, expand_study,
                      mtp_boundaries_for, normalise_run, resolve_local, steps_for, study_lrs, sweep_run, tune_budget,
                      validate_local, validate_model, validate_sweep, validate_train)
 from .data import UNK, holdout_split, model_splits, parse_vocab, remap, top_ids, vocab_ids
@@ -50,7 +50,7 @@ from .training import (STEPS, batch_indices, evaluate_local, measure_activation_
 
 __all__ = ["AUX_HEADS", "EXECUTIONS", "LOCAL_DEFAULTS", "MTP_CHOICES", "UNHASHED_TOP", "UNK", "VOCABS", "AuxHead",
            "LocalLM", "ResidualMLP", "STEPS", "SavedTensorMeter", "TransformerTrunk", "batch_indices", "boundaries",
-           "build_local", "choose_lr", "planned_tokens_per_parameter", "tokens_per_parameter", "data_order", "evaluate_local", "expand_study", "holdout_split", "llama_config",
+           "build_local", "choose_lr", "planned_tokens_per_parameter", "tokens_per_parameter", "data_order", "evaluate_local", "expand_seeds", "expand_study", "holdout_split", "llama_config",
            "load_local", "lr_at", "measure_activation_memory", "model_splits", "mtp_boundaries_for", "mtp_targets",
            "normalise_run", "paper_findings", "parse_vocab", "plot_gap_vs_k", "remap", "report_markdown",
            "resolve_local", "save_local", "shifted_ce", "step_per_block", "step_together", "steps_for", "study_lrs",

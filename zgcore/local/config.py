@@ -73,7 +73,9 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "tune_fraction": 1.0,  # tuning runs see this share of train.token_budget (1.0: the tuning run is the final run)
         "tune_sequences": 64,  # training sequences held out (seeded) to pick each configuration's lr; never trained on
     },
-    "eval": {"batch_size": 16, "max_sequences": 0},
+    # max_sequences: 0 = the whole test split, else a random subset drawn with subset_seed (the same for every configuration)
+    "eval": {"batch_size": 16, "max_sequences": 0, "subset_seed": 0},
+    "seeds": None,  # e.g. [0, 1, 2]: every configuration once per seed (train.seed replaced; data order and tokens shared)
 }
 UNHASHED_TOP = {"name", "device"}
 
@@ -212,6 +214,11 @@ def resolve_local(file: str | os.PathLike | None = None, overrides: str | Mappin
     _check_keys("eval", cfg["eval"], LOCAL_DEFAULTS["eval"])
     _int("eval.batch_size", cfg["eval"]["batch_size"])
     _int("eval.max_sequences", cfg["eval"]["max_sequences"], lo=0)
+    _int("eval.subset_seed", cfg["eval"]["subset_seed"], lo=0)
+    seeds = cfg["seeds"]
+    if seeds is not None and (not isinstance(seeds, (list, tuple)) or not seeds or len(set(seeds)) != len(seeds)
+                              or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds)):
+        raise ConfigError(f"seeds must be a non-empty list of distinct non-negative integers, got {seeds!r}")
     validate_local(cfg["local"], cfg["model"]["n_layers"])
     validate_sweep(cfg["study"], cfg["train"], int(cfg["corpus"]["seq_len"]))
     expand_study(cfg)  # validates every configuration of the sweep
@@ -333,6 +340,23 @@ def expand_study(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
         seen.add((k, aux, label))
         cells.append({"K": k, "aux": aux, "mtp": label, "run": normalise_run({**base, "local": loc})})
     return cells
+
+
+def expand_seeds(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The study's cells (:func:`expand_study`) once per seed of ``cfg["seeds"]`` (seed-major), each
+    with ``"seed"`` and its run's ``train.seed`` replaced (model and aux-head initialisation; the
+    data order ``train.data_seed``, and so the tokens every run sees, stay shared); without
+    ``seeds`` the cells of ``train.seed``."""
+    cells = expand_study(cfg)
+    if not cfg.get("seeds"):
+        return [{**c, "seed": int(c["run"]["train"]["seed"])} for c in cells]
+    out = []
+    for s in cfg["seeds"]:
+        for c in cells:
+            run = copy.deepcopy(c["run"])
+            run["train"]["seed"] = int(s)
+            out.append({**c, "seed": int(s), "run": run})
+    return out
 
 
 def boundaries(n_layers: int, k: int) -> list[int]:

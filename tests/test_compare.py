@@ -1,0 +1,135 @@
+"""Issue 19: paired bootstrap comparisons, the random test subset, and out-of-domain held-out text."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import tiny_cfg
+from zgcore import compare
+from zgcore.metrics import eval_subset
+
+FIELDS = {"a", "b", "mean_diff", "ci95", "seeds", "sequences", "verdict"}
+
+
+def _arms(seed=0, n=200, gap=0.0, noise=0.3):
+    r = np.random.default_rng(seed)
+    base = r.normal(4.0, noise, n)
+    return base, base + gap + r.normal(0, noise / 10, n)
+
+
+def test_far_apart_arms_get_a_verdict_and_the_same_run_twice_is_not_resolved():
+    a, b = _arms(gap=0.5)  # b is worse by 0.5 nats/token; the per-sequence noise of the difference is ~0.03
+    c = compare.compare("a", "b", [a], [b], [0])
+    assert FIELDS <= set(c) and c["verdict"] == "a better" and c["mean_diff"] == pytest.approx(-0.5, abs=0.01)
+    lo, hi = c["ci95"]
+    assert lo < c["mean_diff"] < hi < 0 and c["sequences"] == 200 and c["seeds"] == [0]
+    flipped = compare.compare("b", "a", [b], [a], [0])
+    assert flipped["verdict"] == "b better" and flipped["ci95"] == pytest.approx([-hi, -lo], abs=0.01)
+    same = compare.compare("x", "y", [a], [a.copy()], [0])  # two arms that are the same run: identical CE
+    assert same["verdict"] == "not resolved" and same["ci95"][0] <= 0 <= same["ci95"][1] and same["mean_diff"] == 0
+    assert "not resolved" in compare.sentence(same) and "beats" in compare.sentence(c)
+
+
+def test_a_difference_within_the_noise_is_not_resolved_and_seeds_are_pooled_with_their_spread():
+    r = np.random.default_rng(1)
+    a = [r.normal(4.0, 0.3, 100) for _ in range(3)]
+    b = [x + r.normal(0, 0.3, 100) for x in a]  # same mean, large per-sequence noise
+    c = compare.compare("a", "b", a, b, [0, 1, 2])
+    assert c["verdict"] == "not resolved" and c["ci95"][0] < 0 < c["ci95"][1]
+    assert c["seeds"] == [0, 1, 2] and len(c["per_seed"]) == 3
+    assert c["mean_diff"] == pytest.approx(np.mean(c["per_seed"])) and c["seed_std"] == pytest.approx(np.std(c["per_seed"], ddof=1))
+    with pytest.raises(ValueError, match="same number of sequences"):
+        compare.compare("a", "b", [a[0]], [b[0][:50]], [0])
+
+
+def test_the_bootstrap_is_reproducible_to_the_byte():
+    a, b = _arms(gap=0.01, noise=0.2)
+    one = json.dumps(compare.compare("a", "b", [a], [b], [0]), sort_keys=True)
+    two = json.dumps(compare.compare("a", "b", [a], [b], [0]), sort_keys=True)
+    assert one == two
+    assert compare.compare("a", "b", [a], [b], [0], rng_seed=1)["ci95"] != json.loads(one)["ci95"]
+
+
+def test_eval_subset_is_seeded_random_not_the_first_rows_and_hashed():
+    rows = eval_subset(1000, 64, 0)
+    assert len(rows) == 64 and len(set(rows.tolist())) == 64 and list(rows) == sorted(rows)
+    assert rows.tolist() != list(range(64)) and rows.max() > 500  # spread over the split, not its first rows
+    assert eval_subset(1000, 64, 0).tolist() == rows.tolist() and eval_subset(1000, 64, 1).tolist() != rows.tolist()
+    assert eval_subset(10, 0, 0).tolist() == list(range(10)) == eval_subset(10, 50, 3).tolist()
+    assert compare.subset_digest(rows) == compare.subset_digest(rows.copy()) != compare.subset_digest(rows[:-1])
+
+
+def test_stdlib_docstrings_is_deterministic_text():
+    from zgcore.corpus import read_texts
+
+    docs = read_texts({"source": "stdlib-docstrings", "text_field": "text"})
+    assert len(docs) >= 10 and sum(len(t) for _, t in docs) > 30_000
+    assert docs == read_texts({"source": "stdlib-docstrings", "text_field": "text"})
+    assert docs[0][0] == "docstrings:collections/__init__" and "namedtuple" in docs[0][1]
+
+
+def test_eval_extra_is_checked_at_construction():
+    from workflows.experiment import load_config
+    from zgcore.config import ConfigError
+
+    with pytest.raises(ConfigError, match="part of the training corpus python-stdlib"):
+        load_config(overrides=tiny_cfg(**{"corpus.source": "python-stdlib", "eval.extra": "[stdlib-docstrings]"}), preset="")
+    with pytest.raises(ConfigError, match="its source is the training corpus"):
+        load_config(overrides=tiny_cfg(**{"eval.extra": "[pydoc]"}), preset="")
+    with pytest.raises(ConfigError, match="matches no file"):
+        load_config(overrides=tiny_cfg(**{"eval.extra": "[/nonexistent/*.txt]"}), preset="")
+    assert load_config(preset="default")["eval"]["extra"] == ["stdlib-docstrings"]
+
+
+EXTRA = '[{"source":"stdlib-docstrings","max_tokens":4096}]'
+
+
+def test_seeds_extra_corpus_and_random_subset_end_to_end(tmp_path, run_graph):
+    """Two seeds of a tiny experiment with an out-of-domain corpus and eval.max_sequences: every
+    Evaluate scores the same random rows (not the first ones) of both held-out sets for all three
+    models; the corpus is never an input of a training task; SeedSummary pools comparisons."""
+    from luigi.task import flatten
+
+    from workflows.cli import walk
+    from workflows.experiment import build_experiment, load_config
+
+    over = tiny_cfg(**{"seeds": "[0,1]", "eval.max_sequences": 6, "eval.extra": EXTRA})
+    root = build_experiment(load_config(overrides=over, preset=""), str(tmp_path))
+    ok, ran = run_graph(root)
+    assert ok and [f for f, _ in ran].count("PrepareHeldOut") == 1
+    evals = root.requires()
+    reports = [json.loads((e.out_dir / "report.json").read_text()) for e in evals]
+    scores = [compare.load_scores(e.out_dir / compare.SCORES) for e in evals]
+    val_rows = [s["val"]["rows"] for s in scores]
+    assert val_rows[0] == val_rows[1] and len(val_rows[0]) == 6 and val_rows[0] != list(range(6))
+    for rep, sc in zip(reports, scores):
+        (ex,) = rep["extra"]
+        assert ex["name"] == "stdlib-docstrings" and ex["sequences"] == 6 and ex["of"] == 4096 // 32
+        assert set(ex["cross_entropy"]) == {"teacher", "untrained", "student"} and "gap_recovered" in ex
+        part = sc["extra"]["stdlib-docstrings"]
+        assert {k: float(v.mean()) for k, v in part["ce"].items()} == pytest.approx(ex["cross_entropy"])
+        assert part["rows"] != list(range(6)) and rep["subset"]["sha256"] == sc["val"]["subset_sha256"]
+        assert rep["cross_entropy"]["student"] == pytest.approx(float(sc["val"]["ce"]["student"].mean()))
+        assert {(c["a"], c["b"], c.get("held_out")) for c in rep["comparisons"]} == {
+            ("student", "untrained", None), ("student", "teacher", None),
+            ("student", "untrained", "stdlib-docstrings"), ("student", "teacher", "stdlib-docstrings")}
+    assert "## In-domain and out-of-domain held-out text" in (evals[0].out_dir / "report.md").read_text()
+    summary = json.loads((root.out_dir / "report.json").read_text())
+    assert [(c["a"], c["b"]) for c in summary["comparisons"]] == [("student", "untrained"), ("student", "teacher")]
+    assert all(FIELDS <= set(c) and c["seeds"] == [0, 1] and c["sequences"] == 6 for c in summary["comparisons"])
+    # never trained on: no training task reads it, and training hashes do not move with it
+    tasks = walk(root)
+    extra_task = next(t for t in tasks if t.get_task_family() == "PrepareHeldOut")
+    for t in tasks:
+        if t.get_task_family() in ("TrainBlock", "TeacherBoundary", "BoundaryShard", "PrepareCorpus", "Assemble"):
+            assert extra_task not in flatten(t.requires())
+    plain = build_experiment(load_config(overrides=tiny_cfg(**{"seeds": "[0,1]"}), preset=""), str(tmp_path))
+    uids = lambda r: sorted(t.uid for t in walk(r) if t.get_task_family() in ("TrainBlock", "TeacherBoundary"))
+    assert uids(plain) == uids(root)
+    from zgcore.corpus import read_tokens
+
+    train = {row.tobytes() for row in read_tokens(next(tmp_path.glob("PrepareCorpus/*/tokens.h5")), "train").astype(np.int64)}
+    held = np.load(extra_task.out_dir / "tokens.npy").astype(np.int64)
+    assert not any(row.tobytes() in train for row in held)
