@@ -209,3 +209,25 @@ def test_workflow_rejects_bad_config_before_any_task():
         LocalLearningStudy(preset="local_tiny", set="study.K=[1] local.K=2 local.mtp_boundaries=[3]")
     with pytest.raises(ConfigError, match="unknown preset"):
         LocalLearningStudy(preset="nope")
+
+
+def test_study_over_two_seeds_compares_on_the_same_random_test_rows(tmp_path, run_graph):
+    from workflows import LocalLearningStudy
+    from workflows.local import build_local_study, load_local_config
+    from zgcore import compare
+
+    over = "seeds=[0,1] study.K=[1,2] study.aux=[mlp] study.mtp=[off] train.token_budget=512 eval.max_sequences=4"
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
+    assert ok and [f for f, _ in ran].count("PretrainLocal") == 4
+    report = build_local_study(load_local_config(overrides=over, preset="local_tiny"), str(tmp_path))
+    rep = json.loads((report.out_dir / "report.json").read_text())
+    assert [(r["K"], r["seed"]) for r in rep["rows"]] == [(1, 0), (2, 0), (1, 1), (2, 1)] and rep["seeds"] == [0, 1]
+    assert rep["rows"][0]["held_out_ce"] != rep["rows"][2]["held_out_ce"]  # the seeds differ
+    (c,) = rep["comparisons"]
+    assert (c["a"], c["b"], c["seeds"], c["sequences"]) == ("K=2 mlp", "K=1 (e2e)", [0, 1], 4)
+    assert c["mean_diff"] == pytest.approx((rep["rows"][1]["gap"] + rep["rows"][3]["gap"]) / 2)
+    evals = [t for t in report.requires()["evaluations"]]
+    rows = {json.dumps(compare.load_scores(t.out_dir / compare.SCORES)["val"]["rows"]) for t in evals}
+    assert len(rows) == 1 and json.loads(rows.pop()) != [0, 1, 2, 3]  # one random subset for all, not the first rows
+    md = (report.out_dir / "report.md").read_text()
+    assert "## Over seeds [0, 1]" in md and "## Comparisons" in md and "not measured" in md

@@ -45,6 +45,14 @@ def test_objective_study_six_arms(tmp_path, run_graph):
     assert [r["arm"] for r in rep["rows"]] == ["clean/cached", "clean/online", "noisy/cached", "noisy/online",
                                                "denoise/cached", "denoise/online"]
     assert rep["identical"] == {"clean/s0": True, "noisy/s0": True, "denoise/s0": True}
+    comps = {(c["a"], c["b"]): c for c in rep["comparisons"]}
+    assert ("noisy/cached", "clean/cached") in comps and ("denoise/online", "noisy/online") in comps
+    for c in comps.values():
+        assert {"a", "b", "mean_diff", "ci95", "seeds", "sequences", "verdict"} <= set(c) and c["seeds"] == [0]
+    for obj in ("clean", "noisy", "denoise"):  # cached and online arms are the same run: identical CE, no verdict
+        same = comps[(f"{obj}/online", f"{obj}/cached")]
+        assert same["verdict"] == "not resolved" and same["mean_diff"] == 0 and same["ci95"] == [0.0, 0.0]
+    assert "## Comparisons" in (root.out_dir / "report.md").read_text()
     assert (root.out_dir / "arms.png").stat().st_size > 1000
     den = next(r for r in rep["rows"] if r["arm"] == "denoise/cached")
     assert all(x > 0 for x in den["local_reduction"])  # denoising error went down in every block

@@ -212,7 +212,8 @@ def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[st
                         "lr": [r["lr"] for r in rs]})
     t0 = results[0]["train"]
     model = cells[0]["run"]["model"]
-    total, vocab = base[0]["train"].get("parameters"), t0.get("vocab_size")
+    e2e_train = next(r["train"] for c, r in zip(cells, results) if c["K"] == 1)
+    total, vocab = e2e_train.get("parameters"), t0.get("vocab_size")
     tpp = tokens_per_parameter(total, vocab, int(model["hidden_size"]), t0["tokens"])
     ch = [r["choice"] for r in results if "choice" in r]
     sweep = None if not ch else {"grid": ch[0]["grid"], "max_rounds": ch[0]["max_rounds"],
