@@ -123,7 +123,8 @@ def load_config(config: str = "", overrides: str = "", preset: str = "", seeded_
     info = describe(cfg["teacher"])
     zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"], info.mlp_width)
     if int(cfg["heal"]["steps"]) and cfg.get("seeds") and not seeded_heal:
-        raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0")
+        raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0 "
+                                  "(DistillStudy heals every seed's student)")
     return cfg
 
 
