@@ -364,10 +364,14 @@ class DistillStudyReport(_StudentTask):
                "e2e_healed_steps": e2e_h["steps"], "heal_steps": int(self.heal["steps"]),
                "e2e_batch": int(self.distill["batch_size"]), "matched_steps": e2e["matched_steps"],
                "reports": {"blockwise": str(req["blockwise"].out_dir), "healed": str(req["healed"].out_dir)}}
+        rep["extra"] = distill_report.extra_rows({"blockwise": a.get("extra") or [], "e2e": b.get("extra") or [],
+                                                  "healed": c.get("extra") or []}, a.get("extra") or [])
         scores, rows = arm_scores(req)
         seed = int(self.blocks[0]["seed"])
         rep["seeds"] = [seed]
         rep["comparisons"] = distill_report.comparisons({k: {seed: v} for k, v in scores.items()})
+        untrained = load_scores(req["blockwise"].out_dir / SCORES)["val"]["ce"]["untrained"]
+        distill_report.verdict_gates(arms, scores, untrained, seed)  # a gate passes only on a resolved verdict
         with self.building() as tmp:
             write_json(tmp / "report.json", rep)
             save_scores(tmp / SCORES, scores_part(scores, rows))

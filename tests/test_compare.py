@@ -117,6 +117,9 @@ def test_seeds_extra_corpus_and_random_subset_end_to_end(tmp_path, run_graph):
             ("student", "untrained", "stdlib-docstrings"), ("student", "teacher", "stdlib-docstrings")}
     assert "## In-domain and out-of-domain held-out text" in (evals[0].out_dir / "report.md").read_text()
     summary = json.loads((root.out_dir / "report.json").read_text())
+    assert [r["extra"]["stdlib-docstrings"]["ce_student"] for r in summary["rows"]] == \
+        [r["extra"][0]["cross_entropy"]["student"] for r in reports]
+    assert "out of domain, stdlib-docstrings" in (root.out_dir / "report.md").read_text()
     assert [(c["a"], c["b"]) for c in summary["comparisons"]] == [("student", "untrained"), ("student", "teacher")]
     assert all(FIELDS <= set(c) and c["seeds"] == [0, 1] and c["sequences"] == 6 for c in summary["comparisons"])
     # never trained on: no training task reads it, and training hashes do not move with it
@@ -133,3 +136,22 @@ def test_seeds_extra_corpus_and_random_subset_end_to_end(tmp_path, run_graph):
     train = {row.tobytes() for row in read_tokens(next(tmp_path.glob("PrepareCorpus/*/tokens.h5")), "train").astype(np.int64)}
     held = np.load(extra_task.out_dir / "tokens.npy").astype(np.int64)
     assert not any(row.tobytes() in train for row in held)
+
+
+def test_the_quality_gate_needs_the_verdict_not_only_the_point_estimates():
+    from zgcore.report import experiment_report
+
+    r = np.random.default_rng(2)
+    untrained = r.normal(5.0, 1.0, 40)
+    ce = {"teacher": 3.0, "untrained": float(untrained.mean())}
+    resolved = untrained - 1.8 + r.normal(0, 0.01, 40)  # far better than untrained on every sequence
+    noisy = untrained - 1.8 + r.normal(0, 20.0, 40)  # better on average, but within the noise
+    for student, passed in ((resolved, True), (noisy, False)):
+        c = compare.compare("student", "untrained", [student], [untrained], [0])
+        rep = experiment_report({"teacher": "smollm2-135m", "cross_entropy": {**ce, "student": float(student.mean())},
+                                 "comparisons": [c]}, {"gate_gap": 0.5, "gate_context": 0.8})
+        assert rep["gates"]["quality"]["passed"] is passed, rep["gates"]["quality"]
+        if passed:
+            assert c["verdict"] == "a better" and rep["gap_recovered"] > 0.5
+        else:
+            assert c["verdict"] == "not resolved" and "not shown better" in rep["gates"]["quality"]["reason"]

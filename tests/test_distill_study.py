@@ -107,7 +107,8 @@ def test_distill_study_over_two_seeds_pools_comparisons_reproducibly(tmp_path, r
     from workflows import load_config
     from workflows.distill import build_distill_study
 
-    cfg = load_config("", "seeds=[0,1] eval.max_sequences=6", "distill_tiny", seeded_heal=True)
+    extra = 'eval.extra=[{"source":"stdlib-docstrings","max_tokens":2048}]'
+    cfg = load_config("", "seeds=[0,1] eval.max_sequences=6 " + extra, "distill_tiny", seeded_heal=True)
     study = build_distill_study(cfg, str(tmp_path))
     assert study.get_task_family() == "DistillSeedsReport"
     ok, ran = run_graph(study)
@@ -126,6 +127,10 @@ def test_distill_study_over_two_seeds_pools_comparisons_reproducibly(tmp_path, r
     per_seed = [json.loads((t.out_dir / "report.json").read_text()) for t in study.requires()]
     blockwise = [next(a["ce"] for a in r["arms"] if a["name"] == "blockwise") for r in per_seed]
     assert rep["arms"][0]["ce"] == blockwise and all(len(r["comparisons"]) == 3 for r in per_seed)
+    for r in per_seed:  # every arm scored on the out-of-domain text too
+        (x,) = r["extra"]
+        assert x["name"] == "stdlib-docstrings" and set(x["arms"]) == {"blockwise", "e2e", "healed"}
+        assert all(v["ce"] > 0 for v in x["arms"].values())
     md = (study.out_dir / "report.md").read_text()
     assert "## Comparisons" in md and all(f"- {s}" in md for s in rep["findings"])
     before = (study.out_dir / "report.json").read_bytes()

@@ -143,8 +143,7 @@ def compare(a: str, b: str, ce_a: Sequence[np.ndarray], ce_b: Sequence[np.ndarra
     else:
         res = bootstrap(tuple(diffs), lambda *d, axis=-1: np.mean([x.mean(axis=axis) for x in d], axis=0),
                         n_resamples=int(resamples), paired=True, vectorized=True, confidence_level=LEVEL,
-                        batch=BATCH,
-                        method="percentile", rng=np.random.default_rng(int(rng_seed)))
+                        batch=BATCH, method="percentile", rng=np.random.default_rng(int(rng_seed)))
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
     return {"a": a, "b": b, "mean_diff": mean, "ci95": [lo, hi], "seeds": [int(s) for s in seeds], "sequences": int(n),
             "verdict": verdict(lo, hi), "per_seed": per_seed,

@@ -93,6 +93,58 @@ def json_key(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True)
 
 
+def verdict_gates(arms: Sequence[dict[str, Any]], scores: Mapping[str, Any], untrained: Any, seed: int) -> None:
+    """Make each arm's quality gate need the verdict, as :func:`zgcore.report.gates` does for an
+    experiment: the arm's student must be shown better than the untrained student by a paired
+    comparison (:func:`zgcore.compare.compare`, ``"a better"``). Adds ``vs_untrained`` to each arm
+    of ``scores`` (arm name -> per-sequence CE ``[n]``) and fails a passed quality gate without that
+    verdict (in place). ``untrained``: the untrained student's per-sequence CE on the same sequences."""
+    from .compare import A_BETTER, compare
+
+    for a in arms:
+        if a["name"] not in scores:
+            continue
+        vs = compare(a["name"], "untrained student", [scores[a["name"]]], [untrained], [seed])
+        a["vs_untrained"] = vs
+        q = a["gates"]["quality"]
+        if q["passed"] and vs["verdict"] != A_BETTER:
+            q["passed"], q["reason"] = False, f"not shown better than the untrained student: {sentence(vs)}"
+
+
+def extra_rows(arm_extra: Mapping[str, Sequence[Mapping[str, Any]]], reference: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The arms on every out-of-domain ``eval.extra`` corpus.
+
+    Args:
+        arm_extra: arm name -> its evaluation's ``extra`` entries (``name``, ``cross_entropy`` with a
+            ``student`` key, nats/token).
+        reference: an Evaluate report's ``extra`` entries: the teacher's and untrained student's CE per corpus.
+
+    Returns:
+        Per corpus ``{"name", "ce_teacher", "ce_untrained", "arms": {arm: {"ce", "gap_recovered", "gap_reason"}}}``.
+    """
+    out = []
+    for ref in reference:
+        ce_t, ce_u = ref["cross_entropy"]["teacher"], ref["cross_entropy"]["untrained"]
+        arms = {}
+        for name, entries in arm_extra.items():
+            e = next((x for x in entries if x["name"] == ref["name"]), None)
+            if e is not None:
+                gap, why = zreport.gap_recovered(ce_u, e["cross_entropy"]["student"], ce_t)
+                arms[name] = {"ce": e["cross_entropy"]["student"], "gap_recovered": gap, "gap_reason": why}
+        out.append({"name": ref["name"], "ce_teacher": ce_t, "ce_untrained": ce_u, "arms": arms})
+    return out
+
+
+def extra_md(report: Mapping[str, Any]) -> str:
+    """The out-of-domain table (one row per corpus and arm), or "" without ``eval.extra``."""
+    rows = [[x["name"], ARMS.get(k, k), num(v["ce"]), zreport.gap_text(v["gap_recovered"], v.get("gap_reason")),
+             num(x["ce_teacher"]), num(x["ce_untrained"])] for x in report.get("extra") or [] for k, v in x["arms"].items()]
+    if not rows:
+        return ""
+    return ("\n## Out-of-domain held-out text (eval.extra, never trained on)\n\n"
+            + table(["held-out text", "arm", "CE", "gap recovered", "teacher CE", "untrained CE"], rows) + "\n")
+
+
 def comparisons(scores: Mapping[str, Mapping[int, Any]], pairs: Sequence[tuple[str, str]] = COMPARED) -> list[dict[str, Any]]:
     """The study's paired comparisons (:func:`zgcore.compare.compare_arms`): ``scores`` maps arm
     name -> {seed: per-sequence held-out CE ``[n]``, nats/token}; pooled over seeds."""
@@ -139,7 +191,8 @@ def markdown(report: Mapping[str, Any]) -> str:
             f"{report['e2e_batch']} sequences for (b), {report.get('e2e_healed_steps', '—')} for (d)." + search
             + "\n\nWall times are the tasks' own measured training (and, for (a) and (c), "
             "cache-building) times; assembling and evaluating are left out. Peak RSS is each task's own peak "
-            "resident memory (the kernel's high-water mark reset at the task's start).\n" + comparisons_md(report))
+            "resident memory (the kernel's high-water mark reset at the task's start).\n" + extra_md(report)
+            + comparisons_md(report))
 
 
 def seeds_report(name: str, seeds: Sequence[int], reports: Sequence[Mapping[str, Any]],

@@ -39,7 +39,9 @@ def seed_summary(reports: Sequence[dict[str, Any]], seeds: Sequence[int],
         rows.append({"seed": s, "ce_teacher": r["cross_entropy"]["teacher"], "ce_untrained": r["cross_entropy"]["untrained"],
                      "ce_student": r["cross_entropy"]["student"], "gap_recovered": r["gap_recovered"],
                      "gap_reason": r.get("gap_reason"), "context_use_student": cu.get("student", {}).get("context_use"),
-                     "gates": {k: v["passed"] for k, v in r.get("gates", {}).items()}})
+                     "gates": {k: v["passed"] for k, v in r.get("gates", {}).items()},
+                     "extra": {e["name"]: {"ce_student": e["cross_entropy"]["student"], "gap_recovered": e.get("gap_recovered")}
+                               for e in r.get("extra") or []}})
     agg, undefined = {}, {}
     for k in ("ce_student", "gap_recovered", "context_use_student"):
         vals = [r[k] for r in rows]
@@ -68,7 +70,11 @@ def seed_markdown(summary: dict[str, Any], name: str) -> str:
     lines += [f"- {k}: {num(v['mean'])} ± {num(v['std'])} (mean ± std over {len(summary['rows'])} seeds)"
               for k, v in summary["aggregate"].items()]
     lines += [f"- {k}: {why}" for k, why in summary.get("undefined", {}).items()] + [""]
-    return "\n".join(lines + comparisons_lines(summary.get("comparisons")))
+    for name in summary["rows"][0].get("extra", {}) if summary["rows"] else []:
+        per = [r["extra"].get(name, {}) for r in summary["rows"]]
+        lines += [f"- out of domain, {name}: student CE " + ", ".join(num(p.get("ce_student")) for p in per)
+                  + "; gap recovered " + ", ".join(gap_text(p.get("gap_recovered")) for p in per) + " (per seed)"]
+    return "\n".join(lines + [""] + comparisons_lines(summary.get("comparisons")))
 
 
 def comparisons_lines(comparisons: Sequence[Mapping[str, Any]] | None) -> list[str]:
