@@ -50,6 +50,10 @@ def test_distill_study_reuses_the_experiment_and_matches_the_budget(tmp_path, ru
     assert arms["blockwise"]["ce"] == ev["cross_entropy"]["student"]
     md = (study.out_dir / "report.md").read_text()
     assert "(b) end-to-end distillation" in md and "layer-token pass" in md and "(d) end-to-end, (c)'s budget" in md
+    assert [(c["a"], c["b"]) for c in rep["comparisons"]] == [("blockwise", "e2e"), ("healed", "e2e_healed"),
+                                                               ("healed", "blockwise"), ("healed", "e2e"), ("e2e_healed", "e2e")]
+    assert all({"mean_diff", "ci95", "seeds", "sequences", "verdict"} <= set(c) for c in rep["comparisons"])
+    assert all(a["vs_untrained"]["b"] == "untrained student" for a in rep["arms"]) and "## Comparisons" in md
     # the e2e arm trained with the hidden-state term at the one interior boundary
     e2e = study.requires()["e2e"].requires()["model"]
     m = json.loads((e2e.out_dir / "metrics.json").read_text())

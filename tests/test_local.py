@@ -195,6 +195,10 @@ def test_study_graph_runs_on_tiny_preset_and_reports(tmp_path, run_graph):
     assert all(r["memory_ratio"] > 1 for r in rep["rows"] if r["K"] > 1)
     assert (rep_task.out_dir / "gap_vs_k.png").stat().st_size > 1000
     assert "Token budget: 512 training tokens" in (rep_task.out_dir / "report.md").read_text()
+    comps = {(c["a"], c["b"]): c for c in rep["comparisons"]}
+    assert ("K=4 mlp", "K=1 (e2e)") in comps and ("K=4 mlp", "K=2 mlp") in comps and ("K=4 mlp MTP all", "K=4 mlp") in comps
+    assert all({"mean_diff", "ci95", "seeds", "sequences", "verdict"} <= set(c) for c in comps.values())
+    assert rep["findings"]["gap_grows_with_k"]["status"] in ("reproduced", "not reproduced", "not resolved")
     # unchanged: nothing reruns
     ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=out))
     assert ok and [f for f, _ in ran if f != "LocalLearningStudy"] == []
