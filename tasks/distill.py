@@ -16,7 +16,7 @@ from zgcore.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 
 from . import search
 from .assemble import _StudentTask
-from .base import HIDDEN, ZGTask
+from .base import HIDDEN
 from .cache import TeacherBoundary
 from .evaluate import Evaluate
 from .heal import Heal, _DistillTask
@@ -364,8 +364,9 @@ class DistillStudyReport(_StudentTask):
                "e2e_healed_steps": e2e_h["steps"], "heal_steps": int(self.heal["steps"]),
                "e2e_batch": int(self.distill["batch_size"]), "matched_steps": e2e["matched_steps"],
                "reports": {"blockwise": str(req["blockwise"].out_dir), "healed": str(req["healed"].out_dir)}}
-        rep["extra"] = distill_report.extra_rows({"blockwise": a.get("extra") or [], "e2e": b.get("extra") or [],
-                                                  "healed": c.get("extra") or []}, a.get("extra") or [])
+        e2e_extra = {k: json.loads((req[k].out_dir / "eval.json").read_text()).get("extra") or [] for k in ("e2e", "e2e_healed")}
+        rep["extra"] = distill_report.extra_rows({"blockwise": a.get("extra") or [], "healed": c.get("extra") or [],
+                                                  **e2e_extra}, a.get("extra") or [])
         scores, rows = arm_scores(req)
         seed = int(self.blocks[0]["seed"])
         rep["seeds"] = [seed]
@@ -377,42 +378,3 @@ class DistillStudyReport(_StudentTask):
             save_scores(tmp / SCORES, scores_part(scores, rows))
             write_text(tmp / "report.md", distill_report.markdown(rep))
         print(f"\nReport: {self.out_dir / 'report.md'}\n\n" + distill_report.markdown(rep), flush=True)
-
-
-class DistillSeedsReport(ZGTask):
-    """The distillation study over ``seeds``: one :class:`DistillStudyReport` per seed (its own
-    blocks, end-to-end student and healing; the teacher cache is shared), then the arms' CE per
-    seed and mean ± std, and comparisons pooled over seeds (``report.json``, ``report.md``)."""
-
-    uses_device = False  # reads the per-seed reports only
-    teacher = luigi.Parameter()
-    corpus = luigi.DictParameter(visibility=HIDDEN)
-    boundary = luigi.DictParameter(visibility=HIDDEN)
-    eval = luigi.DictParameter(visibility=HIDDEN)
-    studies = luigi.ListParameter(visibility=HIDDEN, description="per seed: {seed, blocks, heal, distill}")
-    name = luigi.Parameter(default="distill-study", significant=False)
-
-    def requires(self):
-        return [DistillStudyReport(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=st["blocks"],
-                                   eval=self.eval, heal=st["heal"], distill=st["distill"], name=self.name,
-                                   outputs=self.outputs, device=self.device) for st in self.studies]
-
-    def own_config(self):
-        return {}
-
-    def label(self):
-        return "distill-seeds-" + "-".join(str(st["seed"]) for st in self.studies)
-
-    def run(self):
-        from zgcore import distill_report
-
-        seeds = [int(st["seed"]) for st in self.studies]
-        reports = [json.loads((t.out_dir / "report.json").read_text()) for t in self.requires()]
-        parts = [load_scores(t.out_dir / SCORES)["val"] for t in self.requires()]
-        check_same_sequences([p["subset_sha256"] for p in parts], "seeds")
-        rep = distill_report.seeds_report(self.name, seeds, reports, [p["ce"] for p in parts])
-        rep["reports"] = [str(t.out_dir / "report.md") for t in self.requires()]
-        with self.building() as tmp:
-            write_json(tmp / "report.json", rep)
-            write_text(tmp / "report.md", distill_report.seeds_markdown(rep))
-        print(f"\nReport: {self.out_dir / 'report.md'}\n\n" + distill_report.seeds_markdown(rep), flush=True)

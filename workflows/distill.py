@@ -5,7 +5,8 @@ from typing import Any
 
 import luigi
 
-from tasks.distill import DistillSeedsReport, DistillStudyReport
+from tasks.distill import DistillStudyReport
+from tasks.distill_seeds import DistillSeedsReport
 from zgcore import config as zconfig
 from zgcore.distill_config import check_one_width
 

@@ -1,0 +1,52 @@
+"""DistillSeedsReport: the distillation study over several seeds (issue 19), one
+:class:`~tasks.distill.DistillStudyReport` per seed and their comparisons pooled."""
+from __future__ import annotations
+
+import json
+
+import luigi
+
+from zgcore.atomic import write_json, write_text
+from zgcore.compare import SCORES, check_same_sequences, load_scores
+
+from .base import HIDDEN, ZGTask
+from .distill import DistillStudyReport
+
+
+class DistillSeedsReport(ZGTask):
+    """The distillation study over ``seeds``: one :class:`DistillStudyReport` per seed (its own
+    blocks, end-to-end student and healing; the teacher cache is shared), then the arms' CE per
+    seed and mean ± std, and comparisons pooled over seeds (``report.json``, ``report.md``)."""
+
+    uses_device = False  # reads the per-seed reports only
+    teacher = luigi.Parameter()
+    corpus = luigi.DictParameter(visibility=HIDDEN)
+    boundary = luigi.DictParameter(visibility=HIDDEN)
+    eval = luigi.DictParameter(visibility=HIDDEN)
+    studies = luigi.ListParameter(visibility=HIDDEN, description="per seed: {seed, blocks, heal, distill}")
+    name = luigi.Parameter(default="distill-study", significant=False)
+
+    def requires(self):
+        return [DistillStudyReport(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=st["blocks"],
+                                   eval=self.eval, heal=st["heal"], distill=st["distill"], name=self.name,
+                                   outputs=self.outputs, device=self.device) for st in self.studies]
+
+    def own_config(self):
+        return {}
+
+    def label(self):
+        return "distill-seeds-" + "-".join(str(st["seed"]) for st in self.studies)
+
+    def run(self):
+        from zgcore import distill_report
+
+        seeds = [int(st["seed"]) for st in self.studies]
+        reports = [json.loads((t.out_dir / "report.json").read_text()) for t in self.requires()]
+        parts = [load_scores(t.out_dir / SCORES)["val"] for t in self.requires()]
+        check_same_sequences([p["subset_sha256"] for p in parts], "seeds")
+        rep = distill_report.seeds_report(self.name, seeds, reports, [p["ce"] for p in parts])
+        rep["reports"] = [str(t.out_dir / "report.md") for t in self.requires()]
+        with self.building() as tmp:
+            write_json(tmp / "report.json", rep)
+            write_text(tmp / "report.md", distill_report.seeds_markdown(rep))
+        print(f"\nReport: {self.out_dir / 'report.md'}\n\n" + distill_report.seeds_markdown(rep), flush=True)
