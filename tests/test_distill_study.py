@@ -104,7 +104,7 @@ def test_bad_study_settings_fail_at_construction(over, what):
 
 
 def test_distill_study_over_two_seeds_pools_comparisons_reproducibly(tmp_path, run_graph):
-    """seeds = [0, 1]: one three-arm study per seed (one teacher cache), a report with every arm's
+    """seeds = [0, 1]: one four-arm study per seed (one teacher cache), a report with every arm's
     CE per seed and the comparisons pooled over both seeds; rebuilt, it is the same bytes."""
     import shutil
 
@@ -118,22 +118,24 @@ def test_distill_study_over_two_seeds_pools_comparisons_reproducibly(tmp_path, r
     ok, ran = run_graph(study)
     assert ok
     fams = [f for f, _ in ran]
-    assert fams.count("DistillStudyReport") == 2 and fams.count("DistillE2E") == 2 and fams.count("TeacherBoundary") >= 1
+    # per seed: (b) end to end at blockwise's budget and (d) at blockwise + healing's
+    assert fams.count("DistillStudyReport") == 2 and fams.count("DistillE2E") == 2 * 2 and fams.count("TeacherBoundary") >= 1
     assert len([p for p in (tmp_path / "TeacherBoundary").iterdir() if "." not in p.name]) == 1
     rep = json.loads((study.out_dir / "report.json").read_text())
-    assert rep["seeds"] == [0, 1] and [a["name"] for a in rep["arms"]] == ["blockwise", "e2e", "healed"]
+    assert rep["seeds"] == [0, 1] and [a["name"] for a in rep["arms"]] == ["blockwise", "e2e", "healed", "e2e_healed"]
     assert all(len(a["ce"]) == 2 and a["ce"][0] != a["ce"][1] for a in rep["arms"])
-    assert [(c["a"], c["b"]) for c in rep["comparisons"]] == [("blockwise", "e2e"), ("healed", "e2e"), ("healed", "blockwise")]
+    assert [(c["a"], c["b"]) for c in rep["comparisons"]] == [("blockwise", "e2e"), ("healed", "e2e_healed"),
+                                                               ("healed", "blockwise"), ("healed", "e2e"), ("e2e_healed", "e2e")]
     for c in rep["comparisons"]:
         assert {"a", "b", "mean_diff", "ci95", "seeds", "sequences", "verdict"} <= set(c)
         assert c["seeds"] == [0, 1] and c["sequences"] == 6 and c["verdict"] in ("a better", "b better", "not resolved")
         assert c["mean_diff"] == pytest.approx(sum(c["per_seed"]) / 2)
     per_seed = [json.loads((t.out_dir / "report.json").read_text()) for t in study.requires()]
     blockwise = [next(a["ce"] for a in r["arms"] if a["name"] == "blockwise") for r in per_seed]
-    assert rep["arms"][0]["ce"] == blockwise and all(len(r["comparisons"]) == 3 for r in per_seed)
+    assert rep["arms"][0]["ce"] == blockwise and all(len(r["comparisons"]) == 5 for r in per_seed)
     for r in per_seed:  # every arm scored on the out-of-domain text too
         (x,) = r["extra"]
-        assert x["name"] == "stdlib-docstrings" and set(x["arms"]) == {"blockwise", "e2e", "healed"}
+        assert x["name"] == "stdlib-docstrings" and set(x["arms"]) == {"blockwise", "e2e", "healed", "e2e_healed"}
         assert all(v["ce"] > 0 for v in x["arms"].values())
     md = (study.out_dir / "report.md").read_text()
     assert "## Comparisons" in md and all(f"- {s}" in md for s in rep["findings"])

@@ -37,7 +37,7 @@ class DistillStudy(RunExperiment):
     ``train.lrs`` every block's (see docs/tuning.md).
 
     Same parameters as :class:`RunExperiment` (default preset ``default``); ``seeds = [0, 1]`` runs
-    the three arms once per seed and pools the comparisons (:class:`tasks.distill.DistillSeedsReport`).
+    the four arms once per seed and pools the comparisons (:class:`tasks.distill_seeds.DistillSeedsReport`).
     Raises ``zgcore.config.ConfigError`` at construction on bad input, ``heal.steps = 0`` included.
     """
 
