@@ -46,10 +46,12 @@ class _CacheTask(_TeacherTask):
 class BoundaryShard(_CacheTask):
     """Run the frozen teacher (its layers up to the last boundary, never the LM head, in
     ``teacher_dtype``) over one contiguous range of sequences of one split and store every
-    boundary of that range: one checksummed HDF5 file per boundary, and ``shard.json``."""
+    boundary of that range: one checksummed HDF5 file per boundary (an xxh3_64 per sequence), and
+    ``shard.json``."""
 
     # 2: load_base runs each family with its own attention implementation (Gemma 2: eager, soft-capped)
-    code_version = 2
+    # 3: format 4 files (h contiguous and unfiltered, an xxh3_64 per sequence; issue 18)
+    code_version = 3
 
     split = luigi.Parameter(description="train | val")
     lo = luigi.IntParameter(description="first sequence of the range")

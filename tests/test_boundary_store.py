@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -84,11 +85,116 @@ def test_shards_that_disagree_are_refused_by_the_join(store, tmp_path):
         join_shards(out, [s for s in shards if s != shards[1]], {"train": 10, "val": 3}, {})
 
 
-def test_every_boundary_dataset_is_checksummed(store):
+def test_every_sequence_is_checksummed_with_the_xxh3_its_shard_records(store):
+    import xxhash
+
     path, _, _ = store
-    for f in path.glob("shards/*/b*.h5"):
+    files = list(path.glob("shards/*/b*.h5"))
+    assert len(files) == 12  # 4 shards x 3 boundaries
+    for f in files:
         with h5py.File(f, "r") as h:
-            assert h["h"].fletcher32 and h["h"].chunks == (1, 16, 32)
+            assert h["h"].chunks is None and not h["h"].fletcher32  # contiguous, unfiltered (format 4)
+            assert h["xxh3"].dtype == np.uint64 and len(h["xxh3"]) == len(h["h"])
+            assert [xxhash.xxh3_64_intdigest(np.ascontiguousarray(row)) for row in h["h"][...]] == h["xxh3"][...].tolist()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_values_read_are_bitwise_those_written_for_every_storage_dtype(store, tmp_path, dtype):
+    """What the teacher produced, rounded once to the storage dtype, comes back bitwise in float32."""
+    from zgcore.boundary_store import round_trip
+
+    _, model, tokens = store
+    build_store(tmp_path / dtype, model, tokens, [0, 4], dtype, 4, {}, shard_sequences=4, log=lambda m: None)
+    ref = capture_boundaries(model, torch.from_numpy(tokens["train"].astype(np.int64)), [0, 4])
+    order = [9, 3, 4, 5, 0, 8, 1, 2, 6, 7, 3]
+    with BoundaryReader(tmp_path / dtype) as r:
+        for b in (0, 4):
+            got = r.read("train", b, order)
+            want = round_trip(ref[b][order], dtype)
+            assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))
+            if dtype != "float32":
+                assert not torch.equal(got, ref[b][order])  # really rounded: the test can tell the dtypes apart
+
+
+def _as_format_3(folder):
+    """Rewrite a format-4 store in place as format 3 wrote it: ``h`` chunked one sequence a chunk
+    with Fletcher32, no ``xxh3``; the records' SHA-256 and format version updated."""
+    from zgcore.hashing import file_sha256
+
+    folder = Path(folder)
+    for f in folder.glob("shards/*/b*.h5"):
+        with h5py.File(f, "r") as h:
+            data = {k: h[k][...] for k in h if k != "xxh3"}
+        with h5py.File(f, "w") as h:
+            h.create_dataset("h", data=data["h"], chunks=(1, *data["h"].shape[1:]), fletcher32=True)
+            if "sumsq" in data:
+                h.create_dataset("sumsq", data=data["sumsq"], fletcher32=True)
+        for rec in (folder / "manifest.json", f.parent / "shard.json"):
+            m = json.loads(rec.read_text())
+            m["format_version"] = 3
+            entries = [m] if rec.name == "shard.json" else [sh for sh in m["shards"] if Path(sh["dir"]).name == f.parent.name]
+            for sh in entries:
+                sh["files"][f.stem].update(bytes=f.stat().st_size, sha256=file_sha256(f))
+            rec.write_text(json.dumps(m))
+
+
+def test_a_format_3_store_is_still_read_bitwise_and_an_unknown_format_is_refused_with_what_to_do(store, tmp_path):
+    import shutil
+
+    path, _, _ = store
+    old = tmp_path / "old"
+    shutil.copytree(path, old)
+    _as_format_3(old)
+    idx = [9, 3, 4, 5, 0, 8]
+    with BoundaryReader(path) as new, BoundaryReader(old) as r:
+        assert r.version == 3 and new.version == 4
+        for b in (0, 2, 4):
+            assert torch.equal(r.read("train", b, idx), new.read("train", b, idx))
+    f = old / "shards" / "train-00000004" / "b2.h5"
+    with h5py.File(f, "r") as h:
+        assert h["h"].fletcher32 and "xxh3" not in h
+        offset = h["h"].id.get_chunk_info(1).byte_offset
+    raw = bytearray(f.read_bytes())
+    raw[offset + 40] ^= 0x04  # the SHA-256 updated to match: only Fletcher32 can tell
+    from zgcore.hashing import file_sha256
+
+    was = file_sha256(f)
+    f.write_bytes(bytes(raw))
+    for rec in (old / "manifest.json", f.parent / "shard.json"):
+        rec.write_text(rec.read_text().replace(was, file_sha256(f)))
+    with BoundaryReader(old) as r, pytest.raises(BoundaryStoreError, match=f"{f.resolve()}: checksum failure"):
+        r.read("train", 2, [5])
+    m = json.loads((old / "manifest.json").read_text())
+    m["format_version"] = 2
+    (old / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BoundaryStoreError, match="format version 2 cannot be read by this code.*rebuild the cache"):
+        BoundaryReader(old)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_changed_sequence_whose_file_hash_was_updated_fails_its_xxh3_naming_the_file(store, tmp_path, dtype):
+    """Past the file's SHA-256 (as if the file had changed between the open and the read), each
+    sequence's xxh3 still catches a changed byte, and only in the sequence that holds it."""
+    from zgcore.hashing import file_sha256
+
+    _, model, tokens = store
+    build_store(tmp_path / "s", model, tokens, [2], dtype, 4, {}, shard_sequences=4, log=lambda m: None)
+    f = tmp_path / "s" / "shards" / "train-00000004" / "b2.h5"
+    with BoundaryReader(tmp_path / "s") as r:
+        ref = r.read("train", 2, [4, 5, 7])
+    with h5py.File(f, "r") as h:
+        offset = h["h"].id.get_offset() + 2 * h["h"][0].nbytes + 17  # a byte of sequence 6 (row 2 of the shard)
+    raw = bytearray(f.read_bytes())
+    raw[offset] ^= 0x01
+    was = file_sha256(f)
+    f.write_bytes(bytes(raw))
+    for rec in (tmp_path / "s" / "manifest.json", f.parent / "shard.json"):
+        rec.write_text(rec.read_text().replace(was, file_sha256(f)))
+    with BoundaryReader(tmp_path / "s") as r:
+        assert torch.equal(r.read("train", 2, [4, 5, 7]), ref)  # the other sequences read as before
+        with pytest.raises(BoundaryStoreError, match=f"{f.resolve()}: checksum failure: sequence 6's bytes differ"):
+            r.read("train", 2, [5, 6])
+    assert not f.parent.exists() and list(f.parent.parent.glob("train-00000004.damaged-*"))
 
 
 def test_a_teacher_that_produces_non_finite_boundaries_fails_the_build_and_online_targets(store, tmp_path):

@@ -1,6 +1,10 @@
 """Reading the store: :class:`BoundaryReader` serves boundary tensors through the join's
 manifest, opening a shard's file of boundary ``b`` only when ``b`` is read (a block's worker
-touches the files of its two boundaries, nothing else), checking shapes, checksums and finiteness."""
+touches the files of its two boundaries, nothing else), checking shapes, checksums and finiteness.
+
+Two formats are read: 4 (the one written now: ``h`` contiguous and unfiltered, each sequence
+checked against the xxh3_64 the shard recorded in ``xxh3``) and 3 (stores built before it: HDF5's
+Fletcher32 filter checks every chunk; about half as fast, see ``bench/README.md``)."""
 from __future__ import annotations
 
 import json
@@ -11,9 +15,18 @@ from typing import Any, Iterator, Mapping, Sequence
 import h5py
 import numpy as np
 import torch
+import xxhash
 
 from ..hashing import file_sha256
-from .common import FORMAT_VERSION, H5_DTYPES, BoundaryStoreError, check_finite, quarantine, quarantine_file
+from .common import (FORMAT_VERSION, H5_DTYPES, READABLE_VERSIONS, BoundaryStoreError, check_finite, quarantine,
+                     quarantine_file)
+
+# Rows checked and widened at a time: about 1 MiB of stored bytes, so that a piece is still in the
+# core's cache (2 MiB L2 here) when its checksum, finiteness test and widening run over it.
+PIECE_BYTES = 1 << 20
+# A 16-bit value shifted left by one (sign dropped) is at least this when its exponent bits are all
+# ones (inf or NaN): bfloat16 0x7f80 << 1, float16 0x7c00 << 1.
+NONFINITE_SHIFTED = {"bfloat16": 0xFF00, "float16": 0xF800}
 from .shards import MANIFEST
 
 
@@ -26,11 +39,13 @@ class BoundaryReader:
             mismatch raises.
 
     Raises:
-        BoundaryStoreError: missing manifest, bad format version, a manifest mismatch; or, when a
+        BoundaryStoreError: missing manifest, a format version this code cannot read (neither 3
+            nor 4: the message says to rebuild the cache), a manifest mismatch; or, when a
             shard file is first opened: missing, of the wrong size, its bytes not those of the
             manifest's SHA-256 (every byte is hashed before any value is used: about one extra
             read of the file, at ~1.7 GB/s), not readable as HDF5 or a dataset of the wrong shape;
-            or when read: a failed Fletcher32 checksum or a non-finite value. Each of these moves
+            or when read: a sequence whose bytes fail the xxh3_64 checksum recorded for it (format
+            4; a failed Fletcher32 checksum for format 3) or a non-finite value. Each of these moves
             the shard aside (``<shard>.damaged-<time>``) so that the next run rebuilds that shard
             only; the message names the file. An ``OSError`` while hashing (the file system, not
             the file) keeps the shard.
@@ -46,8 +61,11 @@ class BoundaryReader:
             self.manifest = m = json.loads(man.read_text())
         except ValueError as e:
             raise BoundaryStoreError(f"{man} is not valid JSON: {e}") from e
-        if m.get("format_version") != FORMAT_VERSION:
-            raise BoundaryStoreError(f"{man}: format version {m.get('format_version')} != {FORMAT_VERSION}")
+        self.version = m.get("format_version")
+        if self.version not in READABLE_VERSIONS:
+            raise BoundaryStoreError(f"{man}: format version {self.version} cannot be read by this code (it reads "
+                                     f"{', '.join(map(str, READABLE_VERSIONS))}; it writes {FORMAT_VERSION}): rebuild "
+                                     "the cache with this code (the pipeline does so under a new name)")
         for k, v in (expect or {}).items():
             if m.get(k) != v:
                 raise BoundaryStoreError(f"{man}: manifest {k}={m.get(k)!r} but expected {v!r}")
@@ -59,6 +77,8 @@ class BoundaryReader:
                 raise BoundaryStoreError(f"{man}: the {s} shards do not cover {self.n(s)} sequences")
         self._files: dict[tuple[str, int, int], h5py.File] = {}
         self._ids: dict[tuple[str, int, int], tuple[Any, Any]] = {}  # open dataset h: (DatasetID, file dataspace)
+        self._sums: dict[tuple[str, int, int], np.ndarray] = {}  # format 4: each file's xxh3 column, uint64 [rows]
+        self._scratch: dict[tuple, np.ndarray] = {}  # reused buffers of read (one reader serves one thread)
 
     def __len__(self) -> int:
         return int(self.manifest["n_train"])
@@ -99,6 +119,10 @@ class BoundaryReader:
             f = h5py.File(path, "r")
             try:
                 ok = "h" in f and f["h"].shape == shape
+                if ok and self.version >= 4:
+                    ok = "xxh3" in f and f["xxh3"].shape == shape[:1] and f["xxh3"].dtype == np.uint64
+                    if ok:
+                        self._sums[(sh["split"], sh["lo"], b)] = f["xxh3"][...]
             except Exception:
                 f.close()
                 raise
@@ -106,13 +130,15 @@ class BoundaryReader:
             self._damaged(sh, b, f"unreadable as HDF5 ({type(e).__name__}: {e})", e)
         if not ok:
             f.close()
-            self._damaged(sh, b, f"dataset h missing or not of shape {shape}")
+            self._damaged(sh, b, f"dataset h missing or not of shape {shape}" +
+                          (f", or dataset xxh3 missing or not uint64 [{shape[0]}]" if self.version >= 4 else ""))
         return f
 
     def _damaged(self, sh, b: int, why: str, err: Exception | None = None):
         path = self._shard_dir(sh) / sh["files"][f"b{b}"]["name"]
         self._ids.clear()
         for key in [k for k in self._files if k[1] == sh["lo"] and k[0] == sh["split"]]:
+            self._sums.pop(key, None)
             self._files.pop(key).close()
         moved = quarantine(self._shard_dir(sh))
         where = f"; moved the shard aside to {moved}, the next run rebuilds it" if moved else ""
@@ -120,16 +146,17 @@ class BoundaryReader:
 
     def read(self, split_name: str, b: int, idx: Sequence[int] | np.ndarray) -> torch.Tensor:
         """Boundary ``b`` for sequences ``idx`` (any order, repeats allowed) as float32
-        ``[len(idx), seq_len, hidden]``, in the order of ``idx``.
+        ``[len(idx), seq_len, hidden]``, in the order of ``idx``; values bitwise as written.
 
-        Each run of consecutive sequences of one shard (one sequence in a shuffled order) is one
-        hyperslab read straight into a preallocated buffer of the storage dtype: HDF5 checks the
-        Fletcher32 checksum of every chunk it reads. h5py's list (fancy) indexing, which builds a
-        point selection, ran 20x below the disk (issue 18); per-run reads run at about half of a
-        raw ``read()`` of the same files, the rest being HDF5's Fletcher32 check on one core
-        (``bench/data_feed.py``). 16-bit storage is then widened to float32 in one pass, and the
-        whole batch is checked finite (numpy, ~20 GB/s; ``torch.isfinite`` is ~15x slower on one
-        thread).
+        Each run of consecutive sequences of one shard (one sequence in a shuffled order) is read
+        by hyperslab, ~1 MiB (``PIECE_BYTES``) at a time, straight into the returned tensor
+        (float32) or a reused buffer (16-bit storage). While a piece is in the core's cache: each
+        sequence's xxh3_64 is compared with the one its shard recorded (format 4), the values are
+        checked finite on the stored bits (numpy; 16-bit: an exponent-all-ones test on the
+        uint16 pattern), and 16-bit storage is widened to float32 (one torch copy). h5py's list
+        (fancy) indexing, which builds a point selection, ran 20x below the disk, and HDF5's
+        Fletcher32 filter held reads to 0.24-0.59x a raw read (issue 18, ``bench/data_feed.py``).
+        Format 3 stores are read as before: whole runs through the Fletcher32 filter.
 
         Raises:
             IndexError: an index outside ``0 .. n(split_name) - 1``.
@@ -140,19 +167,68 @@ class BoundaryReader:
         if len(idx) and (idx.min() < 0 or idx.max() >= self.n(split_name)):
             raise IndexError(f"sequence index out of range 0..{self.n(split_name) - 1}")
         shape = (len(idx), int(self.manifest["seq_len"]), int(self.manifest["hidden_size"]))
+        los = np.array([sh["lo"] for sh in self.shards[split_name]], dtype=np.int64)
+        owner = np.searchsorted(los, idx, side="right") - 1  # shard of each requested sequence
+        # runs: positions j..j+r-1 of idx that are consecutive sequences of one shard
+        brk = np.flatnonzero((np.diff(idx) != 1) | (np.diff(owner) != 0)) + 1
+        runs = [(int(j), int(r), self.shards[split_name][owner[j]]) for j, r in
+                zip(np.r_[0, brk], np.diff(np.r_[0, brk, len(idx)])) if r]
+        if self.version < 4:
+            return self._read_fletcher32(split_name, b, idx, shape, runs, owner)
+        out = torch.empty(shape, dtype=torch.float32)
+        wide = self.dtype != "float32"
+        stored = np.dtype(H5_DTYPES[self.dtype])
+        piece = max(1, PIECE_BYTES // (shape[1] * shape[2] * stored.itemsize))
+        if wide:
+            buf = self._buffer(("buf", piece, *shape[1:]), stored)
+            bits = self._buffer(("bits", piece, *shape[1:]), np.dtype(np.uint16))
+        for j, r, sh in runs:
+            row0 = int(idx[j] - sh["lo"])
+            for p in range(0, r, piece):
+                q = min(piece, r - p)
+                dest = buf[:q] if wide else out.numpy()[j + p: j + p + q]
+                self._read_run(split_name, sh, b, row0 + p, dest)
+                self._check_sums(split_name, sh, b, row0 + p, dest)
+                if wide:
+                    finite = np.left_shift(dest.view(np.uint16), 1, out=bits[:q]).max() < NONFINITE_SHIFTED[self.dtype]
+                    src = torch.from_numpy(dest)  # bfloat16 is stored as its uint16 bit pattern
+                    out[j + p: j + p + q].copy_(src.view(torch.bfloat16) if self.dtype == "bfloat16" else src)
+                else:
+                    finite = bool(np.isfinite(dest).all())
+                if not finite:
+                    try:  # the message counts the piece's non-finite values
+                        check_finite(out[j + p: j + p + q], "read")
+                    except BoundaryStoreError as e:
+                        self._damaged(sh, b, str(e).split(": ", 1)[1], e)
+        return out
+
+    def _buffer(self, key: tuple, dtype: np.dtype) -> np.ndarray:
+        """A reused scratch array of shape ``key[1:]`` (fresh large arrays cost page faults each call)."""
+        if key not in self._scratch:
+            self._scratch[key] = np.empty(key[1:], dtype=dtype)
+        return self._scratch[key]
+
+    def _check_sums(self, split_name: str, sh: Mapping[str, Any], b: int, row: int, got: np.ndarray) -> None:
+        """Compare the xxh3_64 of each sequence in ``got`` (rows ``row ..`` of shard ``sh``'s
+        boundary ``b``, as stored) with the one recorded when the shard was written; a mismatch
+        moves the shard aside and raises :class:`BoundaryStoreError` naming the file."""
+        want = self._sums[(split_name, sh["lo"], b)][row: row + len(got)]
+        for i in range(len(got)):
+            if xxhash.xxh3_64_intdigest(got[i]) != int(want[i]):
+                self._damaged(sh, b, f"checksum failure: sequence {sh['lo'] + row + i}'s bytes differ from the xxh3_64 "
+                                     "recorded when the shard was written")
+
+    def _read_fletcher32(self, split_name: str, b: int, idx: np.ndarray, shape: tuple, runs: list,
+                         owner: np.ndarray) -> torch.Tensor:
+        """:meth:`read` of a format-3 store: every run is read whole through HDF5's Fletcher32
+        filter into one buffer, 16-bit storage is widened in one pass, and the batch is checked
+        finite (numpy, ~20 GB/s; ``torch.isfinite`` is ~15x slower on one thread)."""
         if self.dtype == "float32":  # read straight into the returned tensor's memory
             out = torch.empty(shape, dtype=torch.float32)
             buf = out.numpy()
         else:
             buf = np.empty(shape, dtype=H5_DTYPES[self.dtype])
-        los = np.array([sh["lo"] for sh in self.shards[split_name]], dtype=np.int64)
-        owner = np.searchsorted(los, idx, side="right") - 1  # shard of each requested sequence
-        # runs: positions j..j+r-1 of idx that are consecutive sequences of one shard
-        brk = np.flatnonzero((np.diff(idx) != 1) | (np.diff(owner) != 0)) + 1
-        for j, r in zip(np.r_[0, brk], np.diff(np.r_[0, brk, len(idx)])):
-            if not r:
-                continue
-            sh = self.shards[split_name][owner[j]]
+        for j, r, sh in runs:
             self._read_run(split_name, sh, b, int(idx[j] - sh["lo"]), buf[j: j + r])
         if self.dtype != "float32":
             src = torch.from_numpy(buf)  # bfloat16 is stored as its uint16 bit pattern
@@ -170,10 +246,10 @@ class BoundaryReader:
 
     def _read_run(self, split_name: str, sh: Mapping[str, Any], b: int, row: int, dest: np.ndarray) -> None:
         """Read rows ``row .. row + len(dest) - 1`` of shard ``sh``'s boundary ``b`` into ``dest``
-        (C-contiguous, storage dtype) with one hyperslab selection; a failed Fletcher32 checksum
-        (HDF5 refuses the chunk) moves the shard aside and raises, naming the file. The dataset's
-        low-level id and dataspace are kept per file: opening ``h`` by name and asking its dtype
-        cost ~130 us a call, more than reading a small chunk."""
+        (C-contiguous, storage dtype) with one hyperslab selection; an HDF5 error (format 3: a
+        failed Fletcher32 checksum) moves the shard aside and raises, naming the file. The
+        dataset's low-level id and dataspace are kept per file: opening ``h`` by name and asking
+        its dtype cost ~130 us a call, more than reading a small chunk."""
         key = (split_name, sh["lo"], b)
         if key not in self._ids:
             ds = self._dataset(split_name, sh, b)
@@ -218,6 +294,7 @@ class BoundaryReader:
     def close(self) -> None:
         """Close every open shard file."""
         self._ids.clear()
+        self._sums.clear()
         for f in self._files.values():
             f.close()
         self._files.clear()

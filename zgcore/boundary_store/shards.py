@@ -2,8 +2,9 @@
 sequences), and the join that presents the shards as one store.
 
 Layout. A shard folder holds, per boundary ``b``, ``b<b>.h5`` with dataset ``h``
-``[rows, seq_len, hidden]`` (storage dtype, one chunk per sequence, Fletcher32 checksum per
-chunk) and, for training rows among the first ``STATS_SEQUENCES``, ``sumsq`` ``[k, 2, hidden]``
+``[rows, seq_len, hidden]`` (storage dtype, contiguous and unfiltered: one sequence's bytes follow
+the previous one's), ``xxh3`` ``[rows]`` uint64 (the xxh3_64 of each sequence's stored bytes,
+checked by the reader on every read; format 4) and, for training rows among the first ``STATS_SEQUENCES``, ``sumsq`` ``[k, 2, hidden]``
 float64 (per-sequence sums of squares); plus ``shard.json`` (its range, shape, files with bytes
 and SHA-256, build time). The join folder holds ``manifest.json`` (the store's shape and
 fingerprints, every shard's folder relative to the join folder, its files' bytes and SHA-256,
@@ -28,7 +29,7 @@ from ..adapters import capture_boundaries
 from ..atomic import atomic_path, write_json
 from ..hashing import file_sha256
 from .common import (FORMAT_VERSION, H5_DTYPES, STATS_SEQUENCES, BoundaryStoreError, check_finite, planned_bytes,
-                     quarantine, rms_from_sumsq, round_trip, sequence_sumsq, to_storage)
+                     quarantine, rms_from_sumsq, round_trip, sequence_checksums, sequence_sumsq, to_storage)
 
 SHARD_FILE = "shard.json"
 MANIFEST = "manifest.json"
@@ -65,14 +66,17 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
     started, t0 = time.time(), time.perf_counter()
     files = {b: h5py.File(folder / f"b{b}.h5", "w") for b in boundaries}
     try:
-        dsets = {b: f.create_dataset("h", shape=(m, seq_len, hidden), dtype=H5_DTYPES[dtype],
-                                     chunks=(1, seq_len, hidden), fletcher32=True) for b, f in files.items()}
+        # contiguous, no filter: a run of consecutive sequences is one plain read; xxh3 checks each sequence
+        dsets = {b: f.create_dataset("h", shape=(m, seq_len, hidden), dtype=H5_DTYPES[dtype]) for b, f in files.items()}
+        sums = {b: f.create_dataset("xxh3", shape=(m,), dtype=np.uint64) for b, f in files.items()}
         sumsq = {b: [] for b in boundaries}
         for k in range(0, m, batch_size):
             ids = torch.from_numpy(rows[k: k + batch_size].astype(np.int64)).to(device)
             for b, h in capture_boundaries(teacher, ids, boundaries).items():
                 check_finite(h, f"teacher output at boundary {b}, {split} sequences {lo + k}..{lo + k + len(ids) - 1}")
-                dsets[b][k: k + len(ids)] = to_storage(h, dtype)
+                stored = to_storage(h, dtype)
+                dsets[b][k: k + len(ids)] = stored
+                sums[b][k: k + len(ids)] = sequence_checksums(stored)
                 if k < n_stats:
                     sumsq[b].append(sequence_sumsq(round_trip(h[: n_stats - k], dtype)))
             if progress:
@@ -104,7 +108,8 @@ def read_shard_record(folder: str | os.PathLike) -> dict[str, Any]:
 
 def shard_problem(folder: str | os.PathLike, rec: Mapping[str, Any] | None = None) -> str | None:
     """Cheap completeness check of a shard folder (record present, every file present with its
-    recorded size): ``None`` when sound, else what is wrong. Content is checked on read (Fletcher32)."""
+    recorded size): ``None`` when sound, else what is wrong. Content is checked on read (the file's
+    SHA-256 when first opened, each sequence's xxh3_64 on every read)."""
     try:
         rec = rec if rec is not None else read_shard_record(folder)
     except BoundaryStoreError as e:
