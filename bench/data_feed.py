@@ -4,14 +4,17 @@
     python bench/data_feed.py --quick    # the same shapes, 48 sequences, fewer repeats (under a minute)
 
 A randomly initialised one-layer Llama of the store's hidden size (no download) writes a store of
-boundaries 0 and 1 per storage dtype (float32, bfloat16, float16; one chunk per sequence,
-Fletcher32) in a temporary folder; everything is then read from the page cache.
+boundaries 0 and 1 per storage dtype (float32, bfloat16, float16; format 4: contiguous, an xxh3_64
+per sequence) in a temporary folder, and a copy of each rewritten as format 3 wrote it (one chunk
+per sequence, Fletcher32: the layout before issue 18's format change); everything is then read
+from the page cache.
 
 (a) ``read/raw <dtype> <ratio>``: the bytes :meth:`BoundaryReader.batches` delivers per second
     (both boundaries, a shuffled order, batch sizes 8, 16 and 32; stored bytes, widened to
     float32 and checked) over the bytes per second of reading the same shard files whole with
     ``open().read()``; best of ``--repeats`` runs each, interleaved. The line gives the smallest
-    ratio over the batch sizes (target >= 0.8).
+    ratio over the batch sizes (target >= 0.8). The same figure for the format-3 copies is printed
+    above, as ``format 3 read/raw <dtype> <ratio>`` (before and after, in one run).
 (b) ``wait <step_ms> sync <fraction> prefetch <fraction>``: a consumer that spends a fixed time
     per batch (``time.sleep``, releasing the GIL as a thread waiting on an accelerator does)
     iterates the float32 store's batches (batch size 8) read synchronously and through
@@ -62,6 +65,32 @@ def parse(argv=None):
     a.repeats = a.repeats or (3 if a.quick else 5)
     a.batches = a.batches or (40 if a.quick else 200)
     return a
+
+
+def as_format_3(src: Path, dest: Path) -> Path:
+    """A copy of store ``src`` at ``dest`` rewritten as format 3 wrote it: ``h`` one chunk per
+    sequence with Fletcher32, no ``xxh3``; the records' sizes, SHA-256 and format version updated."""
+    import json
+
+    import h5py
+
+    from zgcore.hashing import file_sha256
+
+    shutil.copytree(src, dest)
+    man = json.loads((dest / "manifest.json").read_text())
+    man["format_version"] = 3
+    for sh in man["shards"]:
+        for name, entry in sh["files"].items():
+            f = (dest / sh["dir"]) / entry["name"]
+            with h5py.File(f, "r") as h:
+                data = {k: h[k][...] for k in h if k != "xxh3"}
+            with h5py.File(f, "w") as h:
+                h.create_dataset("h", data=data["h"], chunks=(1, *data["h"].shape[1:]), fletcher32=True)
+                if "sumsq" in data:
+                    h.create_dataset("sumsq", data=data["sumsq"], fletcher32=True)
+            entry.update(bytes=f.stat().st_size, sha256=file_sha256(f))
+    (dest / "manifest.json").write_text(json.dumps(man))
+    return dest
 
 
 def build(root: Path, a) -> dict:
@@ -121,6 +150,7 @@ def read_ratios(stores: dict, a) -> dict:
     order = np.random.default_rng(1).permutation(a.sequences)
     for dtype, path in stores.items():
         with BoundaryReader(path) as r:
+            fmt = f"format {r.version}"
             files = shard_files(r)
             file_bytes = sum(f.stat().st_size for f in files)
             data_bytes = 2 * a.sequences * a.seq_len * a.hidden * (4 if dtype == "float32" else 2)
@@ -135,7 +165,7 @@ def read_ratios(stores: dict, a) -> dict:
                 raw_gbs, store_gbs = file_bytes / min(raw_s) / 1e9, data_bytes / min(store_s) / 1e9
                 into_gbs = file_bytes / min(into_s) / 1e9
                 out[(dtype, bs)] = (store_gbs / raw_gbs, store_gbs, raw_gbs, into_gbs)
-                print(f"  {dtype:8s} batch {bs:2d}: store {store_gbs:.2f} GB/s of stored bytes; raw read() "
+                print(f"  {fmt} {dtype:8s} batch {bs:2d}: store {store_gbs:.2f} GB/s of stored bytes; raw read() "
                       f"{raw_gbs:.2f}, readinto a reused buffer {into_gbs:.2f} GB/s of file bytes "
                       f"(file/data {file_bytes / data_bytes:.3f})", flush=True)
     return out
@@ -218,12 +248,16 @@ def main(argv=None) -> int:
         print(f"stores: {a.sequences} sequences x {a.seq_len} tokens x hidden {a.hidden}, boundaries 0 and 1, "
               f"{', '.join(DTYPES)}", flush=True)
         stores, model = build(root, a)
+        old = {dtype: as_format_3(path, root / f"{dtype}-format3") for dtype, path in stores.items()}
+        before = read_ratios(old, a)
         ratios = read_ratios(stores, a)
         waits = wait_fractions(stores["float32"], a, ahead)
         same = identity(stores["float32"], model, a)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"identity weights prefetch 0 vs 3: {'bitwise identical' if same else 'DIFFERENT'}")
+    for dtype in DTYPES:
+        print(f"format 3 read/raw {dtype} {min(before[(dtype, bs)][0] for bs in BATCH_SIZES):.2f}")
     for dtype in DTYPES:
         print(f"read/raw {dtype} {min(ratios[(dtype, bs)][0] for bs in BATCH_SIZES):.2f}")
     for step_ms, (sync, pre, _) in waits.items():
