@@ -14,7 +14,11 @@ from the page cache.
     float32 and checked) over the bytes per second of reading the same shard files whole with
     ``open().read()``; best of ``--repeats`` runs each, interleaved. The line gives the smallest
     ratio over the batch sizes (target >= 0.8). The same figure for the format-3 copies is printed
-    above, as ``format 3 read/raw <dtype> <ratio>`` (before and after, in one run).
+    above, as ``format 3 read/raw <dtype> <ratio>`` (before and after, in one run). Beside it,
+    ``read/copy <dtype> <ratio>`` takes as the raw side ``readinto`` a reused buffer: the page
+    cache's copy speed with no allocation. ``read()`` allocates a fresh buffer per file and is
+    bimodal: ~2 GB/s when glibc maps it fresh (a page fault per 4 KiB), ~6 GB/s when a free heap
+    chunk is reused, and which one a run gets depends on the process's heap history.
 (b) ``wait <step_ms> sync <fraction> prefetch <fraction>``: a consumer that spends a fixed time
     per batch (``time.sleep``, releasing the GIL as a thread waiting on an accelerator does)
     iterates the float32 store's batches (batch size 8) read synchronously and through
@@ -258,6 +262,9 @@ def main(argv=None) -> int:
     print(f"identity weights prefetch 0 vs 3: {'bitwise identical' if same else 'DIFFERENT'}")
     for dtype in DTYPES:
         print(f"format 3 read/raw {dtype} {min(before[(dtype, bs)][0] for bs in BATCH_SIZES):.2f}")
+    for dtype in DTYPES:
+        print(f"read/copy {dtype} {min(v[1] / v[3] for (d, _), v in ratios.items() if d == dtype):.2f}  "
+              f"(format 3: {min(v[1] / v[3] for (d, _), v in before.items() if d == dtype):.2f})")
     for dtype in DTYPES:
         print(f"read/raw {dtype} {min(ratios[(dtype, bs)][0] for bs in BATCH_SIZES):.2f}")
     for step_ms, (sync, pre, _) in waits.items():
