@@ -78,7 +78,7 @@ class InMemoryBoundaries:
 
     def __init__(self, reader, boundaries):
         n = reader.n("train")
-        self.data = {b: reader.read("train", b, np.arange(n)) for b in boundaries}
+        self.data = {b: reader.read("train", b, np.arange(n)).float() for b in boundaries}  # the store's dtype, widened
         self._stats = {b: reader.stats(b) for b in boundaries}
         self._n = n
 

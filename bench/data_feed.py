@@ -10,8 +10,9 @@ per sequence, Fletcher32: the layout before issue 18's format change); everythin
 from the page cache.
 
 (a) ``read/raw <dtype> <ratio>``: the bytes :meth:`BoundaryReader.batches` delivers per second
-    (both boundaries, a shuffled order, batch sizes 8, 16 and 32; stored bytes, widened to
-    float32 and checked) over the bytes per second of reading the same shard files whole with
+    (both boundaries, a shuffled order, batch sizes 8, 16 and 32; stored bytes, checked and
+    delivered in the storage dtype, as the reader returns them: the consumer widens 16-bit
+    boundaries on its device) over the bytes per second of reading the same shard files whole with
     ``open().read()``; best of ``--repeats`` runs each, interleaved. The line gives the smallest
     ratio over the batch sizes (target >= 0.8). The same figure for the format-3 copies is printed
     above, as ``format 3 read/raw <dtype> <ratio>`` (before and after, in one run). Beside it,

@@ -100,8 +100,10 @@ def test_every_sequence_is_checksummed_with_the_xxh3_its_shard_records(store):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_the_values_read_are_bitwise_those_written_for_every_storage_dtype(store, tmp_path, dtype):
-    """What the teacher produced, rounded once to the storage dtype, comes back bitwise in float32."""
-    from zgcore.boundary_store import round_trip
+    """What the teacher produced, rounded once to the storage dtype, comes back bitwise in that
+    dtype (not widened: the consumer widens on its device), and ``.float()`` of it is the float32
+    round trip."""
+    from zgcore.boundary_store import TORCH_DTYPES, round_trip
 
     _, model, tokens = store
     build_store(tmp_path / dtype, model, tokens, [0, 4], dtype, 4, {}, shard_sequences=4, log=lambda m: None)
@@ -111,9 +113,11 @@ def test_the_values_read_are_bitwise_those_written_for_every_storage_dtype(store
         for b in (0, 4):
             got = r.read("train", b, order)
             want = round_trip(ref[b][order], dtype)
-            assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))
+            assert got.dtype == TORCH_DTYPES[dtype] and got.shape == want.shape
+            assert torch.equal(got.float().view(torch.int32), want.view(torch.int32))
             if dtype != "float32":
-                assert not torch.equal(got, ref[b][order])  # really rounded: the test can tell the dtypes apart
+                assert torch.equal(got.view(torch.int16), ref[b][order].to(TORCH_DTYPES[dtype]).view(torch.int16))
+                assert not torch.equal(got.float(), ref[b][order])  # really rounded: the test can tell the dtypes apart
 
 
 def _as_format_3(folder):
@@ -270,3 +274,41 @@ def test_a_flipped_byte_in_a_statistics_file_fails_naming_it_and_moves_it_aside(
         r.stats(2)
     assert not f.exists() and list(copy.glob("stats-b2.npy.damaged-*"))
     assert torch.equal(BoundaryReader(path).stats(2), ref)
+
+
+@pytest.mark.parametrize("fmt", [4, 3])
+@pytest.mark.parametrize("dtype,bits", [("float32", 0xFFC00000), ("bfloat16", 0xFFC0), ("bfloat16", 0x7F80),
+                                        ("float16", 0xFC00), ("float16", 0x7E00)])
+def test_a_non_finite_stored_value_with_valid_checksums_fails_the_read_naming_the_file(store, tmp_path, fmt, dtype, bits):
+    """The finiteness test runs on the stored bits of every dtype (16-bit: not widened first): a
+    NaN or ±inf written into a shard with its checksums recomputed (so only that test can see it)
+    fails the read naming the file; the finite value beside it and other shards read as before."""
+    from zgcore.boundary_store import TORCH_DTYPES
+    from zgcore.boundary_store.common import sequence_checksums
+    from zgcore.hashing import file_sha256
+
+    _, model, tokens = store
+    path = tmp_path / "s"
+    build_store(path, model, tokens, [0, 2], dtype, 4, {}, shard_sequences=4, log=lambda m: None)
+    if fmt == 3:
+        _as_format_3(path)
+    with BoundaryReader(path) as r:
+        ref = r.read("train", 2, [0, 5])
+    f = path / "shards" / "train-00000004" / "b2.h5"
+    with h5py.File(f, "r+") as h:
+        row = h["h"][1]
+        row.view(np.uint32 if dtype == "float32" else np.uint16)[3, 7] = bits
+        h["h"][1] = row
+        if fmt == 4:
+            h["xxh3"][1] = sequence_checksums(row[None])[0]
+    for rec in (path / "manifest.json", f.parent / "shard.json"):
+        m = json.loads(rec.read_text())
+        for sh in [m] if rec.name == "shard.json" else [s for s in m["shards"] if Path(s["dir"]).name == f.parent.name]:
+            sh["files"]["b2"].update(bytes=f.stat().st_size, sha256=file_sha256(f))
+        rec.write_text(json.dumps(m))
+    with BoundaryReader(path) as r:
+        got = r.read("train", 2, [0, 4, 6])  # rows 4 and 6 of the damaged shard are finite
+        assert got.dtype == TORCH_DTYPES[dtype] and torch.equal(got[0], ref[0])
+        with pytest.raises(BoundaryStoreError, match=f"{f.resolve()}: 1 non-finite value"):
+            r.read("train", 2, [0, 5])
+    assert not f.parent.exists() and list((path / "shards").glob("train-00000004.damaged-*"))

@@ -1,4 +1,4 @@
-"""The input pipeline of cached training (issue 18): batches are read, widened and checked ahead
+"""The input pipeline of cached training (issue 18): batches are read and checked ahead
 of the training step by a worker process, at most ``ahead`` batches in flight, in the same order
 and with the same bytes as a synchronous read.
 
@@ -103,7 +103,9 @@ def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
     """The batches of training steps ``start + worker, start + worker + workers, ...`` (below
     ``steps``; all of ``start .. steps-1`` by default) of a block: ``(step, idx, x, y)`` with
     ``idx`` the step's sequence indices (int64), ``x`` / ``y`` boundaries ``b_in`` / ``b_out``
-    of those sequences (float32 ``[len(idx), seq_len, hidden]``). Step ``s`` is batch
+    of those sequences (``[len(idx), seq_len, hidden]`` in the store's dtype, float32 / bfloat16 /
+    float16, as :meth:`~zgcore.boundary_store.BoundaryReader.read` returns them: the consumer
+    widens with ``.float()`` after copying them to its device). Step ``s`` is batch
     ``s % per_epoch`` of epoch ``s // per_epoch`` in :func:`zgcore.loop.data_order`.
 
     ``reader``: a :class:`~zgcore.boundary_store.BoundaryReader`, or the store's folder (opened
@@ -141,5 +143,6 @@ def block_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device``: an asynchronous copy (``non_blocking``) from page-locked memory to a
-    CUDA device, a plain ``.to`` otherwise. The bytes are those of ``t`` either way."""
+    CUDA device, a plain ``.to`` otherwise. The bytes and dtype are those of ``t`` either way
+    (widen 16-bit boundaries with ``.float()`` afterwards, on the device)."""
     return t.to(device, non_blocking=device.type == "cuda" and t.is_pinned())

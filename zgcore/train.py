@@ -99,9 +99,11 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     the loss log then has the columns ``loss`` (the total), ``regression``, and ``ce`` / ``mtp``.
 
     From a :class:`~zgcore.boundary_store.BoundaryReader`, ``t["prefetch"]`` batches (0 = none)
-    are read, widened to float32 and checked ahead of the step by each of ``t["prefetch_workers"]``
+    are read and checked ahead of the step by each of ``t["prefetch_workers"]``
     worker processes (:func:`zgcore.feed.block_batches`), into page-locked memory when the block is on CUDA, and
-    copied with ``non_blocking``: the same batches in the same order with the same bytes as a
+    copied with ``non_blocking`` in the store's dtype, then widened to float32 on the device
+    (``.float()``: exact, so a bfloat16 / float16 store moves half the bytes and trains the same
+    weights as float32-widened batches of it): the same batches in the same order with the same bytes as a
     synchronous read, so the weights are bitwise identical either way. Online targets are
     computed synchronously.
 
@@ -163,7 +165,8 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     def pairs(step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         for s, idx, x, y in reads(step):
             gen = torch.Generator().manual_seed(seed * 1_000_003 + s)
-            inp, target = objective.make_pair(to_device(x, device), to_device(y, device),
+            # the store's dtype over the copy, widened on the device (exact; a no-op for float32)
+            inp, target = objective.make_pair(to_device(x, device).float(), to_device(y, device).float(),
                                               ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
             ids = torch.as_tensor(tokens[np.asarray(idx)], device=device) if active else None
             yield inp, target, ids
@@ -214,8 +217,8 @@ def val_loss(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: i
     with torch.no_grad():
         for _k, x, y in reader.batches(split, b_in, b_out, np.arange(n), bs):
             with autocast(device):
-                pred = block(x.to(device))
-            total += float(regression_loss(pred.float(), y.to(device), t["loss_norm"], scale.to(device))) * len(x)
+                pred = block(x.to(device).float())  # the store's dtype, widened on the device (exact)
+            total += float(regression_loss(pred.float(), y.to(device).float(), t["loss_norm"], scale.to(device))) * len(x)
     return {"val_loss": total / n, "sequences": int(n)}
 
 

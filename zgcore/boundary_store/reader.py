@@ -18,11 +18,11 @@ import torch
 import xxhash
 
 from ..hashing import file_sha256
-from .common import (FORMAT_VERSION, H5_DTYPES, READABLE_VERSIONS, BoundaryStoreError, check_finite, quarantine,
-                     quarantine_file)
+from .common import (FORMAT_VERSION, H5_DTYPES, READABLE_VERSIONS, TORCH_DTYPES, BoundaryStoreError, check_finite,
+                     quarantine, quarantine_file)
 
-# Rows checked and widened at a time: about 1 MiB of stored bytes, so that a piece is still in the
-# core's cache (2 MiB L2 here) when its checksum, finiteness test and widening run over it.
+# Rows read and checked at a time: about 1 MiB of stored bytes, so that a piece is still in the
+# core's cache (2 MiB L2 here) when its checksum and finiteness test run over it.
 PIECE_BYTES = 1 << 20
 # A 16-bit value shifted left by one (sign dropped) is at least this when its exponent bits are all
 # ones (inf or NaN): bfloat16 0x7f80 << 1, float16 0x7c00 << 1.
@@ -145,19 +145,22 @@ class BoundaryReader:
         raise BoundaryStoreError(f"boundary shard file {path}: {why}{where}") from err
 
     def read(self, split_name: str, b: int, idx: Sequence[int] | np.ndarray) -> torch.Tensor:
-        """Boundary ``b`` for sequences ``idx`` (any order, repeats allowed) as float32
+        """Boundary ``b`` for sequences ``idx`` (any order, repeats allowed) as a tensor of the
+        store's dtype (``self.dtype``: torch.float32, torch.bfloat16 or torch.float16)
         ``[len(idx), seq_len, hidden]``, in the order of ``idx``; values bitwise as written.
+        16-bit boundaries are NOT widened here: the consumer widens with ``.float()`` after its
+        ``.to(device)`` copy (exact: every bfloat16 / float16 value is a float32 value), so a
+        16-bit store moves half the bytes of float32 through memory and over PCIe (issue 18).
 
         Each run of consecutive sequences of one shard (one sequence in a shuffled order) is read
-        by hyperslab, ~1 MiB (``PIECE_BYTES``) at a time, straight into the returned tensor
-        (float32) or a reused buffer (16-bit storage). While a piece is in the core's cache: each
-        sequence's xxh3_64 is compared with the one its shard recorded (format 4), the values are
-        checked finite on the stored bits (numpy; 16-bit: an exponent-all-ones test on the
-        uint16 pattern), and 16-bit storage is widened to float32 in one pass (bfloat16: a 16-bit
-        shift of the bit pattern in numpy; float16: one torch copy). h5py's list
-        (fancy) indexing, which builds a point selection, ran 20x below the disk, and HDF5's
-        Fletcher32 filter held reads to 0.24-0.59x a raw read (issue 18, ``bench/data_feed.py``).
-        Format 3 stores are read as before: whole runs through the Fletcher32 filter.
+        by hyperslab, ~1 MiB (``PIECE_BYTES``) at a time, straight into the returned tensor's
+        memory. While a piece is in the core's cache: each sequence's xxh3_64 is compared with the
+        one its shard recorded (format 4), and the values are checked finite on the stored bits
+        (float32: numpy's ``isfinite``; 16-bit: an exponent-all-ones test on the uint16 pattern).
+        h5py's list (fancy) indexing, which builds a point selection, ran 20x below the disk, and
+        HDF5's Fletcher32 filter held reads to 0.24-0.59x a raw read (issue 18,
+        ``bench/data_feed.py``). Format 3 stores are read as before: whole runs through the
+        Fletcher32 filter.
 
         Raises:
             IndexError: an index outside ``0 .. n(split_name) - 1``.
@@ -174,28 +177,22 @@ class BoundaryReader:
         brk = np.flatnonzero((np.diff(idx) != 1) | (np.diff(owner) != 0)) + 1
         runs = [(int(j), int(r), self.shards[split_name][owner[j]]) for j, r in
                 zip(np.r_[0, brk], np.diff(np.r_[0, brk, len(idx)])) if r]
+        out, mem = self._empty(shape)
         if self.version < 4:
-            return self._read_fletcher32(split_name, b, idx, shape, runs, owner)
-        out = torch.empty(shape, dtype=torch.float32)
-        wide = self.dtype != "float32"
-        stored = np.dtype(H5_DTYPES[self.dtype])
-        piece = max(1, PIECE_BYTES // (shape[1] * shape[2] * stored.itemsize))
-        if wide:
-            buf = self._buffer(("buf", piece, *shape[1:]), stored)
+            return self._read_fletcher32(split_name, b, idx, runs, owner, out, mem)
+        half = self.dtype != "float32"
+        piece = max(1, PIECE_BYTES // (shape[1] * shape[2] * mem.itemsize))
+        if half:
             bits = self._buffer(("bits", piece, *shape[1:]), np.dtype(np.uint16))
         for j, r, sh in runs:
             row0 = int(idx[j] - sh["lo"])
             for p in range(0, r, piece):
                 q = min(piece, r - p)
-                dest = buf[:q] if wide else out.numpy()[j + p: j + p + q]
+                dest = mem[j + p: j + p + q]
                 self._read_run(split_name, sh, b, row0 + p, dest)
                 self._check_sums(split_name, sh, b, row0 + p, dest)
-                if wide:
+                if half:  # sign dropped by the shift; exponent all ones (inf/NaN) sorts above the rest
                     finite = np.left_shift(dest.view(np.uint16), 1, out=bits[:q]).max() < NONFINITE_SHIFTED[self.dtype]
-                    if self.dtype == "bfloat16":  # float32 bits = bfloat16 bits << 16 (numpy: ~1.6x torch's copy_)
-                        np.left_shift(dest, 16, out=out.numpy()[j + p: j + p + q].view(np.uint32), dtype=np.uint32)
-                    else:  # float16: torch's vectorised conversion (numpy's is ~4x slower)
-                        out[j + p: j + p + q].copy_(torch.from_numpy(dest))
                 else:
                     finite = bool(np.isfinite(dest).all())
                 if not finite:
@@ -204,6 +201,13 @@ class BoundaryReader:
                     except BoundaryStoreError as e:
                         self._damaged(sh, b, str(e).split(": ", 1)[1], e)
         return out
+
+    def _empty(self, shape: tuple) -> tuple[torch.Tensor, np.ndarray]:
+        """A new tensor of the storage dtype and a numpy view of its memory in the dtype HDF5
+        stores (bfloat16: its uint16 bit pattern; numpy has no bfloat16)."""
+        out = torch.empty(shape, dtype=TORCH_DTYPES[self.dtype])
+        mem = out.view(torch.int16).numpy().view(np.uint16) if self.dtype == "bfloat16" else out.numpy()
+        return out, mem
 
     def _buffer(self, key: tuple, dtype: np.dtype) -> np.ndarray:
         """A reused scratch array of shape ``key[1:]`` (fresh large arrays cost page faults each call)."""
@@ -221,24 +225,17 @@ class BoundaryReader:
                 self._damaged(sh, b, f"checksum failure: sequence {sh['lo'] + row + i}'s bytes differ from the xxh3_64 "
                                      "recorded when the shard was written")
 
-    def _read_fletcher32(self, split_name: str, b: int, idx: np.ndarray, shape: tuple, runs: list,
-                         owner: np.ndarray) -> torch.Tensor:
+    def _read_fletcher32(self, split_name: str, b: int, idx: np.ndarray, runs: list, owner: np.ndarray,
+                         out: torch.Tensor, mem: np.ndarray) -> torch.Tensor:
         """:meth:`read` of a format-3 store: every run is read whole through HDF5's Fletcher32
-        filter into one buffer, 16-bit storage is widened in one pass, and the batch is checked
-        finite (numpy, ~20 GB/s; ``torch.isfinite`` is ~15x slower on one thread)."""
-        if self.dtype == "float32":  # read straight into the returned tensor's memory
-            out = torch.empty(shape, dtype=torch.float32)
-            buf = out.numpy()
-        else:
-            buf = np.empty(shape, dtype=H5_DTYPES[self.dtype])
+        filter into ``mem`` (the memory of ``out``, storage dtype), and the batch is checked
+        finite in numpy (``torch.isfinite`` is ~15x slower on one thread; bfloat16: an
+        exponent-all-ones test on its bits)."""
         for j, r, sh in runs:
-            self._read_run(split_name, sh, b, int(idx[j] - sh["lo"]), buf[j: j + r])
-        if self.dtype != "float32":
-            src = torch.from_numpy(buf)  # bfloat16 is stored as its uint16 bit pattern
-            out = torch.empty(shape, dtype=torch.float32).copy_(
-                src.view(torch.bfloat16) if self.dtype == "bfloat16" else src)
-        if not np.isfinite(out.numpy()).all():
-            bad = ~np.isfinite(out.numpy()).reshape(len(idx), -1).all(1)
+            self._read_run(split_name, sh, b, int(idx[j] - sh["lo"]), mem[j: j + r])
+        rows = mem.reshape(len(idx), -1)
+        bad = (~np.isfinite(rows) if self.dtype != "bfloat16" else (rows & 0x7F80) == 0x7F80).any(1)
+        if bad.any():
             first = owner[int(np.flatnonzero(bad)[0])]
             sh = self.shards[split_name][first]
             try:  # the message counts the non-finite values of that shard's rows
@@ -287,8 +284,9 @@ class BoundaryReader:
     def batches(self, split_name: str, b_in: int, b_out: int, order: np.ndarray, batch_size: int,
                 start: int = 0) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield ``(batch_number, x, y)`` for consecutive ``batch_size`` slices of ``order`` starting
-        at batch ``start``; ``x`` is boundary ``b_in``, ``y`` boundary ``b_out`` (float32
-        ``[batch, seq_len, hidden]``). Raises as :meth:`read`."""
+        at batch ``start``; ``x`` is boundary ``b_in``, ``y`` boundary ``b_out`` (the store's dtype,
+        ``[batch, seq_len, hidden]``: widen with ``.float()`` after moving them, see :meth:`read`).
+        Raises as :meth:`read`."""
         n_batches = (len(order) + batch_size - 1) // batch_size
         for k in range(start, n_batches):
             idx = order[k * batch_size: (k + 1) * batch_size]
