@@ -14,7 +14,7 @@ from tests.conftest import tiny_cfg
 from workflows import RunExperiment
 from workflows.cli import walk
 from workflows.experiment import build_experiment, load_config
-from zgcore.boundary_store import BoundaryReader, BoundaryStoreError, build_store, from_storage
+from zgcore.boundary_store import TORCH_DTYPES, BoundaryReader, BoundaryStoreError, build_store, from_storage
 from zgcore.feed import prefetch
 from zgcore.teacher import load, materialise
 
@@ -122,7 +122,7 @@ def stores(tmp_path_factory):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_reads_in_any_order_give_the_stored_bytes_widened_to_float32(stores, dtype):
+def test_reads_in_any_order_give_the_stored_bytes_in_the_storage_dtype(stores, dtype):
     path = stores[dtype]
     with BoundaryReader(path) as r:
         ref = []  # each sequence read alone with h5py from its shard file, through from_storage
@@ -132,8 +132,8 @@ def test_reads_in_any_order_give_the_stored_bytes_widened_to_float32(stores, dty
         ref = torch.stack(ref)
         for idx in ([3, 4, 5, 6, 7], [10, 0, 7, 7, 2, 9, 8], list(range(11)), list(range(10, -1, -1)), [5], []):
             got = r.read("train", 2, idx)
-            assert got.dtype == torch.float32 and got.shape == (len(idx), 16, ref.shape[-1])
-            assert torch.equal(got, ref[idx])  # runs across shard edges, repeats, reversed order: exact
+            assert got.dtype == TORCH_DTYPES[dtype] and got.shape == (len(idx), 16, ref.shape[-1])  # not widened
+            assert torch.equal(got.float(), ref[idx])  # runs across shard edges, repeats, reversed order: exact
         with pytest.raises(IndexError):
             r.read("train", 2, [11])
 
@@ -160,6 +160,36 @@ def test_prefetch_on_and_off_give_the_same_block_bytes_and_hash(tmp_path, run_gr
     assert all(torch.equal(x, y) for a in (1, 4) for x, y in zip(rng[0], rng[a]))  # the final state records the same RNG
     off = CFG + " train.prefetch=0 train.prefetch_workers=2 train.tensorboard=false"
     assert {t.uid for t in tasks_of(off, tmp_path, "TrainBlock")} == {t.uid for t in tasks_of(CFG, tmp_path, "TrainBlock")}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_batches_widened_on_the_device_train_the_bytes_of_batches_widened_on_the_cpu(tmp_path, run_graph,
+                                                                                           monkeypatch, dtype):
+    """A 16-bit store's batches cross to the device as stored and are widened there; widening is
+    exact, so the blocks are bitwise those trained from the same batches widened to float32 on
+    the CPU by the reader (what it did before; a prefetch worker is forked and inherits the patch)."""
+    cfg = CFG + f" boundary.dtype={dtype} train.prefetch=2"
+    assert run_graph(RunExperiment(preset="", set=cfg, outputs=str(tmp_path / "native")))[0]
+    native = blocks(tmp_path / "native")
+    seen = []
+    read = BoundaryReader.read
+
+    def widened(self, *args, **kwargs):
+        x = read(self, *args, **kwargs)
+        seen.append(x.dtype)
+        return x.float()
+
+    monkeypatch.setattr(BoundaryReader, "read", widened)
+    for ahead in (0, 2):
+        out = tmp_path / f"widened{ahead}"
+        assert run_graph(RunExperiment(preset="", set=cfg + f" train.prefetch={ahead}", outputs=str(out)))[0]
+        assert blocks(out) == native  # same folder names (the config is the same) and the same bytes
+    assert set(seen) == {TORCH_DTYPES[dtype]}  # the patch was used (in this process: prefetch 0) on 16-bit reads
+    assert len(native) == 2
+    if dtype == "bfloat16":  # the test can tell the dtypes apart: a float32 store trains other bytes
+        out = tmp_path / "float32"
+        assert run_graph(RunExperiment(preset="", set=CFG + " boundary.dtype=float32", outputs=str(out)))[0]
+        assert all(a != b for a, b in zip(native.values(), blocks(out).values()))
 
 
 def test_a_damaged_shard_read_by_the_prefetch_worker_fails_the_block_naming_it(tmp_path, run_graph):
