@@ -11,15 +11,15 @@ from typing import Any
 # the heal section (end-to-end logit KD of the assembled student; zgcore.distill, tasks Heal)
 HEAL_DEFAULTS: dict[str, Any] = {
     "steps": 0,  # 0 = no healing stage (no task, no hash change)
-    "lr": 1e-4,  # AdamW peak
+    "lr": 1e-4,  # AdamW peak learning rate
     "batch_size": 4,  # sequences per step
     "temperature": 1.0,  # softmax temperature of the logit KD (> 0)
     "hidden_weight": 0.0,  # weight of the hidden-state term at the interior boundaries (0 = logits only)
-    "warmup_steps": 0,
-    "weight_decay": 0.0,
-    "grad_clip": 1.0,
-    "seed": 0,
-    "checkpoint_every": 25,  # not hashed
+    "warmup_steps": 0,  # linear learning-rate warmup steps
+    "weight_decay": 0.0,  # AdamW weight decay
+    "grad_clip": 1.0,  # gradient-norm clipping (0 = none)
+    "seed": 0,  # batch order
+    "checkpoint_every": 25,  # steps between checkpoints (resume after an interruption); not hashed
     "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.watch); not hashed
 }
 
@@ -35,24 +35,24 @@ DISTILL_DEFAULTS: dict[str, Any] = {
 }
 
 DEFAULTS: dict[str, Any] = {
-    "name": "default",
-    "teacher": "smollm2-135m",
-    "device": "cpu",
+    "name": "default",  # the experiment's name, shown in reports; not hashed
+    "teacher": "smollm2-135m",  # smollm2-135m | tiny-<family> | a Hugging Face folder | a .gguf file | a Hub id org/name
+    "device": "cpu",  # torch device of the cache build, blocks, assembly and evaluation (cpu, cuda, cuda:1); not hashed
     "seeds": None,  # e.g. [0, 1, 2]: one set of blocks and one student per seed (train.seed replaced), one cache
     "corpus": {
         # "pydoc" = the English reference text shipped in the standard library (pydoc_data.topics);
         # "python-stdlib" = the standard library's own .py files (~30 MB); or files / globs: text,
         # .jsonl / .parquet (field / column `text_field`), or a datasets.save_to_disk folder.
         "source": "pydoc",
-        "text_field": "text",
+        "text_field": "text",  # the field (.jsonl) or column (.parquet, saved dataset) holding the text
         "buffer_tokens": 1 << 20,  # tokens held in memory while tokenising (bounds PrepareCorpus' memory)
-        "seq_len": 256,
-        "val_fraction": 0.1,
-        "max_tokens": 0,  # 0 = all tokens
-        "split_seed": 0,
+        "seq_len": 256,  # tokens per sequence (at most the teacher's context)
+        "val_fraction": 0.1,  # share of the sequences held out (seeded split) for evaluation
+        "max_tokens": 0,  # cap on the tokens read (sources are read in order; later files are never opened); 0 = all tokens
+        "split_seed": 0,  # seed of the train/val split
     },
     "boundary": {
-        "num_blocks": 3,
+        "num_blocks": 3,  # K: partitions of the teacher's layers, each trained as one student block
         "boundaries": None,  # None = evenly spaced: [0, n/K, 2n/K, ..., n]
         "dtype": "float32",  # storage dtype of the boundaries in the cache
         "batch_size": 8,  # sequences per teacher forward
@@ -62,29 +62,28 @@ DEFAULTS: dict[str, Any] = {
         "teacher_dtype": "float32",  # dtype the teacher is loaded and run in (cache build, online targets)
     },
     "train": {
-        "objective": "clean",
+        "objective": "clean",  # the local objective (zgcore.objectives registry): what a block sees and must output
         "targets": "cached",  # "cached": read the teacher boundary store; "online": run the teacher each step
         "noise": 0.1,  # noisy/denoise objectives: noise std as a multiple of each channel's RMS
-        "loss_norm": "channel",
+        "loss_norm": "channel",  # per-channel RMS (channel), per-token norm (token) or plain MSE (none)
         "n_layers": None,  # None = round(keep_fraction * partition size)
-        "keep_fraction": 0.8,
+        "keep_fraction": 0.8,  # share of each partition's teacher layers the student block keeps
         "keep": "spread",  # which teacher layers of the partition the student starts from (or "importance")
         "importance_sequences": 32,  # keep="importance" / intermediate_size: train sequences measured on the teacher
         "intermediate_size": None,  # None = the teacher's MLP width; narrower keeps the most active channels
         "init": "teacher",  # "teacher" (copy kept layers) or "random"
         "lr": 2e-3,  # AdamW peak; block-1 sweep on SmolLM2: 2e-4 < 5e-4 < 1e-3 < 2e-3 in recovered CE
-        # lr search per block (zgcore.lr_search), scored on the block's validation loss: the first round's lrs
-        # ([] = no search, train.lr); lr_rounds = rounds at most (refine around the best, extend past an edge)
-        "lrs": [],
-        "lr_rounds": 4,
-        "epochs": 1.5,
+        # lr search per block (zgcore.lr_search), scored on the block's validation loss
+        "lrs": [],  # the first round's lrs ([] = no search, train.lr)
+        "lr_rounds": 4,  # lr-search rounds at most (refine around the best, extend past an edge)
+        "epochs": 1.5,  # passes over the training split per block
         "max_steps": 0,  # 0 = epochs decide
         "batch_size": 4,  # more, smaller steps beat fewer large ones at this token budget
-        "warmup_steps": 10,
-        "weight_decay": 0.0,
-        "grad_clip": 1.0,
-        "seed": 0,
-        "checkpoint_every": 25,
+        "warmup_steps": 10,  # linear learning-rate warmup, then cosine decay
+        "weight_decay": 0.0,  # AdamW weight decay
+        "grad_clip": 1.0,  # gradient-norm clipping (0 = none)
+        "seed": 0,  # initialisation, noise and batch order of the block
+        "checkpoint_every": 25,  # steps between checkpoints (resume after an interruption); not hashed
         # batches read from the boundary store ahead of the step by a background thread (0 = read
         # synchronously); same order and bytes either way, so not hashed (zgcore.feed)
         "prefetch": 2,
@@ -93,12 +92,13 @@ DEFAULTS: dict[str, Any] = {
         # local auxiliary terms through the teacher's frozen head (zgcore.objectives.aux_losses); 0 = off, not hashed
         "ce_weight": 0.0,  # next-token cross-entropy
         "mtp_weight": 0.0,  # multi-token prediction over the next mtp_n tokens
-        "mtp_n": 2,
+        "mtp_n": 2,  # tokens ahead predicted by the multi-token term
     },
-    "blocks": {},
-    "heal": HEAL_DEFAULTS, "distill": DISTILL_DEFAULTS,  # end-to-end logit KD: healing; DistillStudy's e2e arm
+    "blocks": {},  # per-block overrides of any train key: blocks.N.<key> (N = 0, 1, ...)
+    "heal": HEAL_DEFAULTS,  # end-to-end logit KD after assembly (healing)
+    "distill": DISTILL_DEFAULTS,  # DistillStudy's end-to-end arm
     "eval": {
-        "batch_size": 8,
+        "batch_size": 8,  # sequences per evaluation forward
         "max_sequences": 0,  # 0 = the whole validation split; else a seeded random subset of it (the same for every arm)
         "subset_seed": 0,  # seed of that subset (its row indices are hashed into each evaluation's output)
         # out-of-domain held-out corpora, never trained on, each scored for teacher, untrained and assembled
@@ -119,3 +119,10 @@ INITS = ("teacher", "random")
 DTYPES = ("float32", "float16", "bfloat16")
 LOSS_NORMS = ("none", "token", "channel")
 TARGETS = ("cached", "online")
+
+# The values a key may take, by dotted key (the configuration reference lists them). The objective
+# registry (zgcore.objectives) holds train.objective's.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "boundary.dtype": DTYPES, "boundary.teacher_dtype": DTYPES, "train.targets": TARGETS,
+    "train.loss_norm": LOSS_NORMS, "train.keep": KEEP_POLICIES, "train.init": INITS,
+}

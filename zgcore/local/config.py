@@ -21,20 +21,23 @@ AUX_HEADS = ("mlp", "transformer")
 EXECUTIONS = ("together", "per_block")
 VOCABS = ("compact", "full", "top:N")
 MTP_CHOICES = ("off", "first", "all")
+# The values a key may take, by dotted key (the configuration reference lists them).
+LOCAL_CHOICES: dict[str, tuple[str, ...]] = {"local.aux": AUX_HEADS, "study.aux": AUX_HEADS, "train.execution": EXECUTIONS,
+                                             "model.vocab": VOCABS, "study.mtp": MTP_CHOICES}
 
 LOCAL_DEFAULTS: dict[str, Any] = {
-    "name": "local-default",
+    "name": "local-default",  # the study's name, shown in reports; not hashed
     # Only the tokenizer of this teacher spec is used (PrepareTeacher + PrepareCorpus); no teacher weights.
     "tokenizer": "smollm2-135m",
-    "device": "cpu",
+    "device": "cpu",  # torch device of pretraining and evaluation; not hashed
     "corpus": {**_MAIN_DEFAULTS["corpus"], "seq_len": 128},
     "model": {
-        "n_layers": 8,
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "n_heads": 4,
-        "n_kv_heads": 2,
-        "rope_theta": 10000.0,
+        "n_layers": 8,  # decoder layers of the Llama trained from scratch
+        "hidden_size": 128,  # residual-stream width
+        "intermediate_size": 384,  # MLP width
+        "n_heads": 4,  # attention heads
+        "n_kv_heads": 2,  # key/value heads (grouped-query attention)
+        "rope_theta": 10000.0,  # rotary position embedding base
         # "compact": the model's vocabulary is the token ids present in the token store (train and val),
         # renumbered in sorted order; "full": the tokenizer's whole vocabulary; "top:N": the N most
         # frequent token ids of the training rows (ties: smaller id) plus one UNK id for all others.
@@ -42,27 +45,29 @@ LOCAL_DEFAULTS: dict[str, Any] = {
     },
     "train": {
         "token_budget": 163840,  # tokens seen by every configuration (floored to whole batches)
-        "batch_size": 8,
-        "lr": 3e-3,
-        "warmup_steps": 10,
-        "weight_decay": 0.0,
-        "grad_clip": 1.0,
+        "batch_size": 8,  # sequences per step
+        "lr": 3e-3,  # AdamW peak learning rate (study.lrs sweeps it instead)
+        "warmup_steps": 10,  # linear warmup, then cosine decay
+        "weight_decay": 0.0,  # AdamW weight decay
+        "grad_clip": 1.0,  # gradient-norm clipping (0 = none)
         "seed": 0,  # model and aux-head initialisation
         "data_seed": 0,  # batch order; shared by every configuration of a study
-        "execution": "together",
-        "log_every": 10,
+        "execution": "together",  # K blocks in one process per step (together) or one block after another (per_block)
+        "log_every": 10,  # steps between loss-log rows
         "checkpoint_every": 50,  # steps between checkpoints of a PretrainLocal (resume); not hashed
         "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.watch); not hashed
     },
     "local": {
-        "K": 1,
-        "aux": "mlp",
+        "K": 1,  # gradient-isolated blocks (1 = end-to-end backprop)
+        "aux": "mlp",  # auxiliary head at every interior boundary
         "mtp_boundaries": [],  # boundaries 1..K-1 that add the MTP objective
         "mtp_n": 2,  # predict the next n tokens (offsets 1..n) at an MTP boundary
-        "mtp_weight": 0.3,
+        "mtp_weight": 0.3,  # weight of the MTP objective at an MTP boundary
     },
     "study": {
-        "K": [1, 2, 4], "aux": ["mlp", "transformer"], "mtp": ["off", "first", "all"],
+        "K": [1, 2, 4],  # block counts compared (the product K x aux x mtp, unless configs is given)
+        "aux": ["mlp", "transformer"],  # auxiliary heads compared
+        "mtp": ["off", "first", "all"],  # MTP at no boundary, the first, or all interior ones
         # explicit configurations instead of the K x aux x mtp product: [{K = 1}, {K = 4, aux = "mlp", mtp = "first"}, ...]
         "configs": [],
         # learning-rate sweep: peak lrs tried for every configuration ([] = train.lr for all, no tuning split)
@@ -73,8 +78,12 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "tune_fraction": 1.0,  # tuning runs see this share of train.token_budget (1.0: the tuning run is the final run)
         "tune_sequences": 64,  # training sequences held out (seeded) to pick each configuration's lr; never trained on
     },
-    # max_sequences: 0 = the whole test split, else a random subset drawn with subset_seed (the same for every configuration)
-    "eval": {"batch_size": 16, "max_sequences": 0, "subset_seed": 0},
+    "eval": {
+        "batch_size": 16,  # sequences per evaluation forward
+        # 0 = the whole test split, else a random subset drawn with subset_seed (the same for every configuration)
+        "max_sequences": 0,
+        "subset_seed": 0,  # seed of that subset
+    },
     "seeds": None,  # e.g. [0, 1, 2]: every configuration once per seed (train.seed replaced; data order and tokens shared)
 }
 UNHASHED_TOP = {"name", "device"}
