@@ -73,6 +73,11 @@ class ZGTask(luigi.Task):
         # reads well in luigid's visualiser: e.g. TrainBlock_block1-clean-cached-s0_3f2a...
         self.task_id = f"{self.get_task_family()}_{self.label()}_{self.uid}"
 
+    def __repr__(self) -> str:
+        """``Family(label-hash)``, the output folder's name: what Luigi's log lines and summary print
+        (``str(task)``) instead of every parameter's JSON; the full configuration is in ``task.json``."""
+        return f"{self.get_task_family()}({self.label()}-{self.uid})"
+
     def to_str_params(self, only_significant=False, only_public=False):
         """Luigi's string parameters plus ``name`` (the readable label) for the visualiser."""
         out = super().to_str_params(only_significant, only_public)
