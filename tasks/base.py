@@ -25,11 +25,20 @@ from luigi.task import flatten
 from zgcore.atomic import atomic_path
 from zgcore.device import precision
 from zgcore.hashing import canonical, config_hash
+from zgcore.threads import apply_threads, decoder_params
 
 HIDDEN = ParameterVisibility.HIDDEN  # long configs: kept out of the visualiser's task names
 PROGRESS_INTERVAL_S = 2.0  # seconds between two progress reports to the scheduler
 RECORD = "task.json"  # in every output folder: identity, files written (with sizes), upstream builds
 _said: set[tuple[str, str]] = set()  # (folder, problem) already logged by complete()
+
+
+class zerograph(luigi.Config):  # noqa: N801 (Luigi names the section and the flags after the class)
+    """ZeroGraph's settings that are not part of an experiment (nothing here is hashed): the
+    ``[zerograph]`` section of ``luigi.cfg``, or ``--zerograph-<name>`` on the ``luigi`` command line."""
+
+    threads = luigi.IntParameter(default=0, description="torch threads per task; 0 = chosen per task from the model's "
+                                                        "size and the usable cores (OMP_NUM_THREADS wins)")
 
 
 class ZGTask(luigi.Task):
@@ -214,6 +223,29 @@ class ZGTask(luigi.Task):
         self.set_progress_percentage(pct)
         self.set_status_message(message or f"{done}/{total} ({pct}%)")
 
+    def model_params(self) -> int | None:
+        """Rough parameter count of the model this task computes with, which sizes its torch thread
+        count (:mod:`zgcore.threads`): the teacher's decoder for tasks with a ``teacher``; ``None``
+        (unknown: every usable core) for the others or when the teacher cannot be described."""
+        teacher = getattr(self, "teacher", None)
+        if not isinstance(teacher, str):
+            return None
+        from zgcore.teacher import describe
+
+        try:
+            info = describe(teacher, self.outputs)
+        except Exception:  # noqa: BLE001 (a sizing hint only; the task's own run reports real errors)
+            return None
+        return decoder_params(info.n_layers, info.hidden_size, info.mlp_width)
+
     def log(self, msg: str) -> None:
         """Print a line prefixed with the task's label (stdout, flushed)."""
         print(f"[{self.get_task_family()} {self.label()}] {msg}", flush=True)
+
+
+@ZGTask.event_handler(luigi.Event.START)
+def _choose_threads(task: ZGTask) -> None:
+    """At the start of every task's run, in the process that runs it: set torch's thread count
+    (:func:`zgcore.threads.apply_threads`) and say what was chosen and why."""
+    n, why = apply_threads(task.model_params(), zerograph().threads)
+    task.log(f"{n} torch thread(s) ({why})")

@@ -24,6 +24,7 @@ import numpy as np
 from zgcore import compare, corpus, local as zlocal, lr_search, metrics
 from zgcore.atomic import write_json, write_text
 from zgcore.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
+from zgcore.threads import decoder_params
 
 from . import search
 from .base import ZGTask
@@ -53,6 +54,11 @@ class _LocalTask(ZGTask):
                                           description="PretrainLocal: steps between checkpoints (not hashed)")
     tensorboard = luigi.BoolParameter(default=True, significant=False, parsing=luigi.BoolParameter.EXPLICIT_PARSING,
                                       description="PretrainLocal: write TensorBoard events (not hashed)")
+
+    def model_params(self) -> int | None:
+        """The from-scratch model's decoder (sizes the task's torch threads; see ZGTask.model_params)."""
+        m = self.setup["model"]
+        return decoder_params(m["n_layers"], m["hidden_size"], m["intermediate_size"])
 
     def corpus_task(self) -> PrepareCorpus:
         return PrepareCorpus(teacher=self.tokenizer, corpus=self.corpus, outputs=self.outputs)

@@ -19,14 +19,25 @@ PresetOpt = typer.Option("default", "--preset", "-p", help="preset in workflows/
 OutputsOpt = typer.Option("outputs", "--outputs", "-o", help="root folder of run artifacts")
 
 
+STATES = {  # the words `zerograph status` prints, and what each means (also in its --help and README)
+    "done": "built for this configuration, and whole",
+    "missing": "never built for this configuration (no folder under its hash; folders of the same step "
+               "built for other configurations do not count)",
+    "partial": "not built yet, but an interrupted run left checkpoints in <folder>.partial: the next run resumes",
+    "damaged": "its folder exists but a file is missing, cut short or fails its check: the next run moves it "
+               "aside (<folder>.damaged-<time>-<id>) and rebuilds it",
+    "stale": "its folder exists and is whole, but an input it read was rebuilt after it or is not complete: "
+             "the next run moves it aside (<folder>.stale-<time>-<id>) and rebuilds it",
+}
+
+
 def task_state(t: ZGTask) -> str:
-    """``done`` (output at the current hash), ``stale`` (outputs of this step exist, but only for
-    another configuration or upstream: it will rebuild), or ``missing`` (never built)."""
-    if t.complete():
-        return "done"
-    family_dir = t.out_dir.parent
-    others = [p for p in family_dir.glob(f"{t.label()}-*") if p.is_dir() and not p.name.endswith(".partial")] if family_dir.is_dir() else []
-    return "stale" if others else "missing"
+    """One of :data:`STATES` for ``t``, judged only from its own folder under its current hash
+    (``<folder>``, ``<folder>.partial``); reads files, runs nothing, moves nothing."""
+    if t.out_dir.is_dir():
+        problem = t.check_output()
+        return "done" if problem is None else problem[0]
+    return "partial" if t.out_dir.with_name(t.out_dir.name + ".partial").is_dir() else "missing"
 
 
 def _graph(config, set_, preset, outputs):
@@ -47,16 +58,17 @@ def run_command(config: str, set_: list[str] | str, preset: str, outputs: str) -
     return shlex.join(args)
 
 
-@app.command()
+@app.command(epilog="\n\n".join(f"{word}: {meaning}" for word, meaning in STATES.items()))
 def status(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt):
-    """Each task of an experiment: done, missing, or stale. Exits 0 when every task is done, else 1
-    (so a script can check a run that several workers shared); 2 on a configuration error."""
+    """Each task of an experiment, its state and its folder. Exits 0 when every task is done, else 1
+    (so a script can check a run that several workers shared); 2 on a configuration error. The
+    states are listed below."""
     tasks = walk(_graph(config, set, preset, outputs))
     width = max(len(f"{t.get_task_family()} {t.label()}") for t in tasks)
     states = [task_state(t) for t in tasks]
     for t, state in zip(tasks, states):
         name = f"{t.get_task_family()} {t.label()}"
-        typer.echo(f"{name:<{width}}  {state:<7}  {t.out_dir}")
+        typer.echo(f"{name:<{width}}  {state:<8} {t.out_dir}")
     if any(s != "done" for s in states):
         typer.echo(f"not all done; run: {run_command(config, set, preset, outputs)}", err=True)
         raise typer.Exit(1)

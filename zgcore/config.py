@@ -105,8 +105,22 @@ def resolve(file: str | os.PathLike | None = None, overrides: str | Mapping | No
             raise ConfigError(f"seeds must be a non-empty list of distinct integers, got {cfg['seeds']!r}")
         for s in cfg["seeds"]:
             _positive_int("seeds[]", s, zero_ok=True)
+    canonical_paths(cfg, "teacher")
     _validate_static(cfg)
     return cfg
+
+
+def canonical_paths(cfg: dict[str, Any], model_key: str) -> None:
+    """Make ``cfg[model_key]`` (the teacher, or a local study's tokenizer) and ``corpus.source``
+    canonical in place when they are local paths (:mod:`zgcore.paths`), so that every spelling of
+    one path gives one hash."""
+    from .paths import canonical_path, canonical_source
+
+    if isinstance(cfg.get(model_key), str):
+        cfg[model_key] = canonical_path(cfg[model_key])
+    if isinstance(cfg.get("corpus"), Mapping) and "source" in cfg["corpus"]:
+        cfg["corpus"]["source"] = canonical_source(cfg["corpus"]["source"])
+
 
 
 def _number(where: str, v: Any) -> float:

@@ -162,7 +162,7 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
         raise ConfigError(f"corpus.seq_len={seq_len} exceeds the teacher's context of {max_positions} tokens")
     buffer = int(corpus.get("buffer_tokens", DEFAULT_BUFFER))
     skipped: list[dict[str, str]] = []
-    used = 0
+    used, counts = 0, {}
     with atomic_path(path) as tmp:
         scratch = tmp.with_name(tmp.name + ".rows")
         try:
@@ -171,7 +171,7 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
                                                 chunks=(max(1, min(4096, buffer // seq_len)), seq_len)),
                              seq_len, int(corpus["max_tokens"]))
                 more = True
-                for src, explicit, docs in sources.documents(corpus, piece_chars(buffer), skipped, log):
+                for src, explicit, docs in sources.documents(corpus, piece_chars(buffer), skipped, log, counts):
                     state = rows.mark()
                     try:
                         more = _add_source(rows, docs, tokenizer, buffer)
@@ -184,6 +184,10 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
                         skipped.append({"file": src, "reason": str(e)})
                     if not more:
                         break
+                if not more:  # max_tokens reached: say so, and what was left unread (issue 21)
+                    unopened = counts["sources"] - used - len(skipped)
+                    log(f"corpus.max_tokens={int(corpus['max_tokens'])} reached after {used} source file(s): "
+                        f"{unopened} of {counts['sources']} never opened (corpus.max_tokens=0 reads everything)")
                 rows.flush(final=True)
                 if not rows.tokens:
                     raise ConfigError("the corpus holds no text" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))

@@ -3,8 +3,10 @@ and bf16 autocast on GPU."""
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def resolve(device: str) -> torch.device:
@@ -13,6 +15,8 @@ def resolve(device: str) -> torch.device:
     Raises:
         RuntimeError: a CUDA device was asked for and none is available.
     """
+    import torch
+
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device={device!r} was asked for but torch sees no CUDA device; use device=cpu")
@@ -23,12 +27,14 @@ def precision(device: torch.device | str) -> str:
     """The compute precision a task runs at on ``device``: ``"bf16-autocast"`` on CUDA (see
     :func:`autocast`), ``"float32"`` elsewhere. Part of every device task's hash: results computed
     at another precision never share an output name or a checkpoint. Parses the string only; CUDA
-    is not initialised."""
-    return "bf16-autocast" if torch.device(device).type == "cuda" else "float32"
+    is not initialised, nor torch imported (task hashes are taken while the graph is built)."""
+    return "bf16-autocast" if str(device).split(":")[0] == "cuda" else "float32"
 
 
 def autocast(device: torch.device | str):
     """bf16 autocast on CUDA; a no-op context on CPU (CPU runs stay float32 and bit-reproducible)."""
+    import torch
+
     dev = torch.device(device)
     if dev.type == "cuda":
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)

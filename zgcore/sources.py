@@ -223,7 +223,8 @@ def _load_dataset(path: Path):
 
 
 def documents(corpus: Mapping[str, Any], piece_chars: int, skipped: list[dict[str, str]],
-              log: Callable[[str], None] = print) -> Iterator[tuple[str, bool, Iterator[tuple[str, str, bool]]]]:
+              log: Callable[[str], None] = print,
+              counts: dict[str, int] | None = None) -> Iterator[tuple[str, bool, Iterator[tuple[str, str, bool]]]]:
     """Yield ``(source_name, explicit, docs)`` per source file; ``docs`` yields ``(name, text, last)``
     lazily, ``last`` marking the end of a document.
 
@@ -231,19 +232,26 @@ def documents(corpus: Mapping[str, Any], piece_chars: int, skipped: list[dict[st
     document, so no text of more than about ``piece_chars`` characters is held). Files that hold no
     data are skipped here (explicitly named ones were refused by :func:`check`), with a warning
     and a record in ``skipped``. An error while reading raises :class:`ConfigError` from ``docs``;
-    the caller skips the file (when not ``explicit``) or fails.
+    the caller skips the file (when not ``explicit``) or fails. ``counts["sources"]`` (when given) is
+    set to the number of sources before the first is read, so that a caller that stops early (at
+    ``corpus.max_tokens``) can say how many were never opened.
     """
     field = corpus["text_field"]
+    counts = {} if counts is None else counts
     if corpus["source"] == "pydoc":
         from pydoc_data.topics import topics
 
+        counts["sources"] = 1
         yield "pydoc", True, ((f"pydoc:{k}", topics[k], True) for k in sorted(topics))
         return
     if corpus["source"] == "stdlib-docstrings":
+        counts["sources"] = 1
         yield "stdlib-docstrings", True, ((f"docstrings:{p.relative_to(stdlib_root()).with_suffix('').as_posix()}",
                                        module_docstrings(p), True) for p in docstring_files())
         return
-    for e in entries(corpus) if corpus["source"] in BUILTIN else check(corpus):
+    found = entries(corpus) if corpus["source"] in BUILTIN else check(corpus)
+    counts["sources"] = len(found)
+    for e in found:
         reason = empty_reason(e, field)
         if reason is not None:
             log(f"warning: skipping corpus file {e.path}: it {reason}")

@@ -13,8 +13,8 @@ import os
 from typing import Any, Mapping
 
 from ..checks import positive_int
-from ..config import (DEFAULTS as _MAIN_DEFAULTS, ConfigError, _check_keys, deep_merge, load_file, parse_overrides,
-                      resolve_boundaries, validate_corpus)
+from ..config import (DEFAULTS as _MAIN_DEFAULTS, ConfigError, _check_keys, canonical_paths, deep_merge, load_file,
+                      parse_overrides, resolve_boundaries, validate_corpus)
 from .data import parse_vocab
 
 AUX_HEADS = ("mlp", "transformer")
@@ -216,6 +216,7 @@ def resolve_local(file: str | os.PathLike | None = None, overrides: str | Mappin
         if not isinstance(cfg[sec], Mapping):
             raise ConfigError(f"`{sec}` must be a mapping")
     _check_keys("corpus", cfg["corpus"], LOCAL_DEFAULTS["corpus"])
+    canonical_paths(cfg, "tokenizer")
     validate_corpus(cfg["corpus"])
     validate_model(cfg["model"])
     validate_train(cfg["train"], int(cfg["corpus"]["seq_len"]))
