@@ -108,5 +108,7 @@ class PrepareCorpus(_TeacherTask):
             meta = corpus.build_token_store(tmp / "tokens.h5", self.corpus, tok, rec["spec"], rec["max_positions"],
                                             log=self.log)
             write_json(tmp / "meta.json", meta)
-        self.log(f"{meta['tokens']} tokens -> {meta['n_train']} train + {meta['n_val']} val sequences of {meta['seq_len']}"
+        cap = int(self.corpus["max_tokens"])
+        self.log(f"{meta['tokens']} tokens" + (f" (capped by corpus.max_tokens={cap})" if cap else "")
+                 + f" -> {meta['n_train']} train + {meta['n_val']} val sequences of {meta['seq_len']}"
                  + (f"; {meta['skipped_files']} unusable file(s) skipped" if meta["skipped_files"] else ""))

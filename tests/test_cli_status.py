@@ -172,3 +172,22 @@ def test_each_task_logs_its_thread_count(built, tmp_path):
     r = subprocess.run(_luigi(out, "--zerograph-threads", "2", cfg=tiny_cfg(**{"train.lr": 0.03})), cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "] 2 torch thread(s) ([zerograph] threads)" in r.stdout, r.stderr[-3000:]
+
+
+def test_max_tokens_says_what_it_left_unread(tmp_path):
+    """corpus.max_tokens stops reading: the log names the cap and how many files were never opened."""
+    from zgcore import corpus
+    from zgcore.defaults import DEFAULTS
+    from zgcore.teacher import byte_tokenizer
+
+    for i in range(5):
+        (tmp_path / f"{i}.txt").write_text(f"file {i} " * 200)  # ~1,400 bytes each
+    c = {**DEFAULTS["corpus"], "source": str(tmp_path / "*.txt"), "seq_len": 16, "max_tokens": 2000}
+    said = []
+    meta = corpus.build_token_store(tmp_path / "s.h5", c, byte_tokenizer(), "bytes", 128, log=said.append)
+    assert meta["tokens"] <= 2000 and meta["source_files"] == 2
+    assert said == ["corpus.max_tokens=2000 reached after 2 source file(s): 3 of 5 never opened "
+                    "(corpus.max_tokens=0 reads everything)"]
+    said.clear()
+    corpus.build_token_store(tmp_path / "all.h5", {**c, "max_tokens": 0}, byte_tokenizer(), "bytes", 128, log=said.append)
+    assert said == []
