@@ -29,9 +29,9 @@ DISTILL_DEFAULTS: dict[str, Any] = {
     "steps": 0,  # 0 = matched: as many student layer-token passes as the blockwise arm (zgcore.distill.e2e_steps)
     "lr": 3e-4,
     # lr search of the end-to-end arms (zgcore.lr_search), each candidate at the arm's full budget, scored by held-out
-    # CE on the validation split: the first round's lrs ([] = no search, distill.lr) and the rounds at most
-    "lrs": [],
-    "lr_rounds": 4,
+    # CE on the validation split
+    "lrs": [],  # the first round's lrs ([] = no search, distill.lr)
+    "lr_rounds": 4,  # lr-search rounds at most
 }
 
 DEFAULTS: dict[str, Any] = {
