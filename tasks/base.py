@@ -246,6 +246,13 @@ class ZGTask(luigi.Task):
 @ZGTask.event_handler(luigi.Event.START)
 def _choose_threads(task: ZGTask) -> None:
     """At the start of every task's run, in the process that runs it: set torch's thread count
-    (:func:`zgcore.threads.apply_threads`) and say what was chosen and why."""
-    n, why = apply_threads(task.model_params(), zerograph().threads)
+    (:func:`zgcore.threads.apply_threads`) and say what was chosen and why. A bad ``OMP_NUM_THREADS``
+    or ``[zerograph] threads`` is said in one line and torch's count is left as it is."""
+    try:
+        n, why = apply_threads(task.model_params(), zerograph().threads)
+    except ValueError as e:
+        import torch
+
+        task.log(f"warning: {e}; torch keeps {torch.get_num_threads()} thread(s)")
+        return
     task.log(f"{n} torch thread(s) ({why})")

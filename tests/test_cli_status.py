@@ -191,3 +191,13 @@ def test_max_tokens_says_what_it_left_unread(tmp_path):
     said.clear()
     corpus.build_token_store(tmp_path / "all.h5", {**c, "max_tokens": 0}, byte_tokenizer(), "bytes", 128, log=said.append)
     assert said == []
+
+
+def test_a_bad_thread_setting_is_one_warning_line(tmp_path):
+    """OMP_NUM_THREADS=many does not fail the run: each task says so in one line and keeps torch's count."""
+    r = subprocess.run(_luigi(tmp_path / "o", cfg=tiny_cfg(**{"train.max_steps": 2})), cwd=tmp_path,
+                       env={**ENV, "OMP_NUM_THREADS": "many"}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    warned = [x for x in r.stdout.splitlines() if "warning: OMP_NUM_THREADS must be a positive integer" in x]
+    # one per task start (TeacherBoundary starts twice: it yields its shards, then joins them)
+    assert len(warned) == 10 and "torch thread(s) (" not in r.stdout and "Traceback" not in r.stderr, r.stdout[-3000:]
