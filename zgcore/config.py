@@ -111,16 +111,19 @@ def resolve(file: str | os.PathLike | None = None, overrides: str | Mapping | No
 
 
 def canonical_paths(cfg: dict[str, Any], model_key: str) -> None:
-    """Make ``cfg[model_key]`` (the teacher, or a local study's tokenizer) and ``corpus.source``
-    canonical in place when they are local paths (:mod:`zgcore.paths`), so that every spelling of
-    one path gives one hash."""
+    """Make ``cfg[model_key]`` (the teacher, or a local study's tokenizer), ``corpus.source`` and the
+    sources of ``eval.extra`` canonical in place when they are local paths (:mod:`zgcore.paths`), so
+    that every spelling of one path gives one hash."""
     from .paths import canonical_path, canonical_source
 
     if isinstance(cfg.get(model_key), str):
         cfg[model_key] = canonical_path(cfg[model_key])
     if isinstance(cfg.get("corpus"), Mapping) and "source" in cfg["corpus"]:
         cfg["corpus"]["source"] = canonical_source(cfg["corpus"]["source"])
-
+    extra = cfg.get("eval", {}).get("extra") if isinstance(cfg.get("eval"), Mapping) else None
+    if isinstance(extra, list):
+        cfg["eval"]["extra"] = [{**x, "source": canonical_source(x["source"])} if isinstance(x, Mapping) and "source" in x
+                                else canonical_source(x) for x in extra]
 
 
 def _number(where: str, v: Any) -> float:

@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-BUILTIN_SOURCES = ("pydoc", "python-stdlib", "stdlib-docstrings")
 
 
 def canonical_path(spec: str) -> str:
@@ -24,8 +23,10 @@ def canonical_path(spec: str) -> str:
 
     A glob (``~/texts/*.txt``) keeps its pattern; the folders before its first wildcard are made canonical.
     """
+    from .sources import BUILTIN
+
     s = str(spec)
-    if s in BUILTIN_SOURCES:
+    if s in BUILTIN:
         return s
     expanded = os.path.expanduser(s)
     if glob.has_magic(expanded):
