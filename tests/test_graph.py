@@ -78,7 +78,7 @@ def test_key_order_and_int_float_in_files_do_not_rebuild(tmp_path, run_graph):
     assert ok and [x for x in ran if x[0] != "RunExperiment"] == []
 
 
-def test_status_cli_reports_done_missing_stale(tmp_path, run_graph):
+def test_status_cli_reports_done_and_missing(tmp_path, run_graph):
     from typer.testing import CliRunner
 
     out = str(tmp_path)
@@ -92,9 +92,10 @@ def test_status_cli_reports_done_missing_stale(tmp_path, run_graph):
     assert {task_state(t) for t in walk(ev)} == {"done"}
     changed = build_experiment(load_config(overrides=cfg + " blocks.0.lr=0.005", preset=""), out)
     states = {(t.get_task_family(), t.label()): task_state(t) for t in walk(changed)}
-    assert states[("TrainBlock", "block0-clean-cached-s0")] == "stale"
+    # block 0 and what follows were never built for the new lr: missing (issue 21), not "stale"
+    assert states[("TrainBlock", "block0-clean-cached-s0")] == "missing"
     assert states[("TrainBlock", "block1-clean-cached-s0")] == "done"
-    assert states[("Evaluate", "report")] == "stale"
+    assert states[("Evaluate", "report")] == "missing"
     r = CliRunner().invoke(app, ["report", "--preset", "", "--set", cfg, "--outputs", out])
     assert r.exit_code == 0 and "held-out CE" in r.stdout
     r = CliRunner().invoke(app, ["report", "--preset", "", "--set", cfg + " train.lr=0.5", "--outputs", out])
