@@ -5,29 +5,16 @@ import time
 from pathlib import Path
 
 import h5py
-import luigi
 import numpy as np
 import pytest
 import torch
 
 from tests.conftest import tiny_cfg
+from tests.test_shards import FAILURES, tasks_of  # one failure recorder (a Luigi event handler) for both files
 from workflows import RunExperiment
-from workflows.cli import walk
-from workflows.experiment import build_experiment, load_config
 from zgcore.boundary_store import TORCH_DTYPES, BoundaryReader, BoundaryStoreError, build_store, from_storage
 from zgcore.feed import prefetch
 from zgcore.teacher import load, materialise
-
-FAILURES: list[tuple[str, str]] = []
-
-
-@luigi.Task.event_handler(luigi.Event.FAILURE)
-def _record_failure(task, exc):
-    FAILURES.append((task.get_task_family(), str(exc)))
-
-
-def tasks_of(cfg, out, family):
-    return [t for t in walk(build_experiment(load_config(overrides=cfg, preset=""), str(out))) if t.get_task_family() == family]
 
 
 # -- the prefetching worker

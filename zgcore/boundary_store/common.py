@@ -103,17 +103,8 @@ def channel_rms(h: torch.Tensor) -> torch.Tensor:
 def quarantine(folder: Path) -> Path | None:
     """Move a damaged shard folder aside (``<name>.damaged-<unix time>``), so that the next run
     finds the shard missing and rebuilds it; returns the new path (None if already gone)."""
-    import time
-
     folder = Path(folder)
-    if not folder.is_dir():
-        return None
-    dest = folder.with_name(f"{folder.name}.damaged-{int(time.time())}")
-    try:
-        folder.rename(dest)
-    except OSError:
-        return None
-    return dest
+    return quarantine_file(folder) if folder.is_dir() else None
 
 
 def quarantine_file(path: Path) -> Path | None:
