@@ -12,7 +12,7 @@ from zgcore.atomic import write_json
 from zgcore.sources import stdlib_root
 
 from .base import HIDDEN
-from .teacher import _TeacherTask, path_stamp, teacher_record
+from .teacher import _TeacherTask, path_stamp, teacher_tokenizer
 
 TOKENS = "tokens.npy"  # int32 [n, seq_len]
 
@@ -46,11 +46,7 @@ class PrepareHeldOut(_TeacherTask):
         return f"{self.extra['name']}-T{self.seq_len}"
 
     def run(self):
-        from transformers import AutoTokenizer
-
-        rec = teacher_record(self.teacher_task())
-        kw = {"gguf_file": rec["gguf_file"]} if rec.get("gguf_file") else {}
-        tok = AutoTokenizer.from_pretrained(rec["path"], **kw)
+        tok = teacher_tokenizer(self.teacher_task())
         rows, meta = heldout_score.tokenize_extra(dict(self.extra), tok, int(self.seq_len))
         with self.building() as tmp:
             np.save(tmp / TOKENS, rows)

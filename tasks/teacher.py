@@ -61,6 +61,16 @@ def teacher_record(task: PrepareTeacher) -> dict[str, Any]:
     return rec
 
 
+def teacher_tokenizer(task: PrepareTeacher):
+    """The prepared teacher's tokenizer (``AutoTokenizer``, from its GGUF file when it has one):
+    the one tokenizer every corpus of an experiment is cut with."""
+    from transformers import AutoTokenizer
+
+    rec = teacher_record(task)
+    kw = {"gguf_file": rec["gguf_file"]} if rec.get("gguf_file") else {}
+    return AutoTokenizer.from_pretrained(rec["path"], **kw)
+
+
 class _TeacherTask(ZGTask):
     teacher = luigi.Parameter()
 
@@ -99,11 +109,7 @@ class PrepareCorpus(_TeacherTask):
         return f"corpus-T{self.corpus['seq_len']}"
 
     def run(self):
-        from transformers import AutoTokenizer
-
-        rec = teacher_record(self.teacher_task())
-        kw = {"gguf_file": rec["gguf_file"]} if rec.get("gguf_file") else {}
-        tok = AutoTokenizer.from_pretrained(rec["path"], **kw)
+        rec, tok = teacher_record(self.teacher_task()), teacher_tokenizer(self.teacher_task())
         with self.building() as tmp:
             meta = corpus.build_token_store(tmp / "tokens.h5", self.corpus, tok, rec["spec"], rec["max_positions"],
                                             log=self.log)
