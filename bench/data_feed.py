@@ -61,7 +61,7 @@ def parse(argv=None):
     p.add_argument("--repeats", type=int, default=None, help="timed repeats of each read (best kept; default 5; 3 quick)")
     p.add_argument("--steps-ms", type=float, nargs="+", default=[2.0, 20.0, 50.0], help="simulated step times (ms)")
     p.add_argument("--batches", type=int, default=None, help="batches per simulated run (default 200; 40 quick)")
-    p.add_argument("--workers", type=int, default=1, help="prefetching worker processes (train.prefetch_workers)")
+    p.add_argument("--workers", type=int, default=1, help="prefetching workers (train.prefetch_workers)")
     p.add_argument("--prefetch", type=int, default=None, help="batches ahead (default: train.prefetch's default)")
     a = p.parse_args(argv)
     a.sequences = a.sequences or (48 if a.quick else 256)
@@ -187,8 +187,9 @@ def _all_batches(path: str, order: np.ndarray, batch_size: int, passes: int, wor
             yield r.read("train", 0, idx), r.read("train", 1, idx)
 
 
-def wait_fractions(path: Path, a, ahead: int) -> dict:
-    """Per step time: the share of wall time a sleeping consumer waits for data, sync and prefetching."""
+def wait_fractions(path: Path, a, ahead: int, mode: str) -> dict:
+    """Per step time: the share of wall time a sleeping consumer waits for data, sync and prefetching
+    with worker ``mode`` (``"thread"`` or ``"process"``, ``train.prefetch_mode``)."""
     from zgcore.boundary_store import BoundaryReader
     from zgcore.feed import prefetch
 
@@ -199,14 +200,14 @@ def wait_fractions(path: Path, a, ahead: int) -> dict:
     n_batches = passes * per_pass
     with BoundaryReader(path) as r:
         alone = min(store_read(r, order, bs) for _ in range(a.repeats)) / per_pass
-        print(f"  the reader alone: {1e3 * alone:.2f} ms per batch of {bs}", flush=True)
+        print(f"  the reader alone: {1e3 * alone:.2f} ms per batch of {bs}; prefetching with {mode} workers", flush=True)
         for step_ms in a.steps_ms:
             res, starts = {}, {}
-            for mode, k in (("sync", 0), ("prefetch", ahead)):
+            for arm, k in (("sync", 0), ("prefetch", ahead)):
                 best = None
                 for _ in range(2):
                     t0 = time.perf_counter()
-                    it = prefetch(partial(_all_batches, str(path), order, bs, passes), k, workers=a.workers)
+                    it = prefetch(partial(_all_batches, str(path), order, bs, passes), k, workers=a.workers, mode=mode)
                     next(it)  # the first batch (the worker's start): paid once per TrainBlock, printed apart
                     t1, waited = time.perf_counter(), 0.0
                     while True:
@@ -216,9 +217,9 @@ def wait_fractions(path: Path, a, ahead: int) -> dict:
                             break
                         waited += time.perf_counter() - t  # blocked on the next batch
                     frac = waited / (time.perf_counter() - t1)
-                    starts[mode] = min(starts.get(mode, t1 - t0), t1 - t0)
+                    starts[arm] = min(starts.get(arm, t1 - t0), t1 - t0)
                     best = frac if best is None else min(best, frac)
-                res[mode] = best
+                res[arm] = best
             out[step_ms] = (res["sync"], res["prefetch"], alone)
             print(f"  step {step_ms:g} ms: first batch after {1e3 * starts['sync']:.0f} ms sync, "
                   f"{1e3 * starts['prefetch']:.0f} ms prefetching (the worker's start)", flush=True)
@@ -256,7 +257,7 @@ def main(argv=None) -> int:
         old = {dtype: as_format_3(path, root / f"{dtype}-format3") for dtype, path in stores.items()}
         before = read_ratios(old, a)
         ratios = read_ratios(stores, a)
-        waits = wait_fractions(stores["float32"], a, ahead)
+        waits = {mode: wait_fractions(stores["float32"], a, ahead, mode) for mode in ("process", "thread")}
         same = identity(stores["float32"], model, a)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -268,7 +269,9 @@ def main(argv=None) -> int:
               f"(format 3: {min(v[1] / v[3] for (d, _), v in before.items() if d == dtype):.2f})")
     for dtype in DTYPES:
         print(f"read/raw {dtype} {min(ratios[(dtype, bs)][0] for bs in BATCH_SIZES):.2f}")
-    for step_ms, (sync, pre, _) in waits.items():
+    for step_ms, (sync, pre, _) in waits["process"].items():
+        print(f"process workers: wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}")
+    for step_ms, (sync, pre, _) in waits[DEFAULTS["train"]["prefetch_mode"]].items():
         print(f"wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}")
     return 0 if same else 1
 

@@ -19,16 +19,20 @@ from zgcore.teacher import load, materialise
 
 # -- the prefetching worker
 
-def test_prefetch_keeps_the_order_and_at_most_ahead_items_in_flight():
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_prefetch_keeps_the_order_and_at_most_ahead_items_in_flight(mode):
     import multiprocessing
     import os
+    import threading
 
     ctx = multiprocessing.get_context("fork")
     produced, received, beyond, pid = ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("i", -99), ctx.Value("i", 0)
+    where = {}
 
     def source(worker, workers):
         assert (worker, workers) == (0, 1)
         pid.value = os.getpid()
+        where["thread"] = threading.get_ident()
         for i in range(40):
             beyond.value = max(beyond.value, i - received.value)  # how far past the items received this one is
             produced.value += 1
@@ -38,20 +42,25 @@ def test_prefetch_keeps_the_order_and_at_most_ahead_items_in_flight():
     for ahead in (1, 3):
         produced.value, received.value, beyond.value = 0, 0, -99
         got, held = [], []
-        for i, x in prefetch(source, ahead):
+        for i, x in prefetch(source, ahead, mode=mode):
             received.value += 1
             got.append((i, x.tolist()))
             time.sleep(0.01)  # a consumer slower than the source: the worker runs as far ahead as allowed
             held.append(produced.value - received.value)  # produced, not yet handed out, while the step works
         assert got == [(i, [float(i)] * 3) for i in range(40)]
-        assert pid.value != os.getpid()  # produced in a worker process
+        if mode == "process":
+            assert pid.value != os.getpid()  # produced in a worker process
+        else:
+            assert pid.value == os.getpid() and where["thread"] != threading.get_ident()  # in a worker thread
         assert beyond.value <= ahead and max(held) == ahead and all(h <= ahead for h in held)
     assert not multiprocessing.active_children()  # the worker is gone
+    assert not [t for t in threading.enumerate() if t.name.startswith("zerograph-prefetch")]
     assert torch.equal(torch.get_rng_state(), rng)  # the global RNG (a checkpoint records it) is untouched
     assert [i for i, _ in prefetch(source, 0)] == list(range(40)) and pid.value == os.getpid()
 
 
-def test_several_workers_take_turns_and_keep_the_order():
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_several_workers_take_turns_and_keep_the_order(mode):
     def source(worker, workers):
         for i in range(worker, 30, workers):
             if i == 23:
@@ -60,14 +69,16 @@ def test_several_workers_take_turns_and_keep_the_order():
 
     got = []
     with pytest.raises(BoundaryStoreError, match="/x/b4.h5"):
-        for i, x in prefetch(source, 2, workers=3):
+        for i, x in prefetch(source, 2, workers=3, mode=mode):
             got.append(i)
             assert x.tolist() == [float(i)] * 2
     assert got == list(range(23))  # in order across the three workers, up to the failing item
 
 
-def test_prefetch_raises_the_sources_error_at_its_item_with_its_message_and_stops_the_worker():
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_prefetch_raises_the_sources_error_at_its_item_with_its_message_and_stops_the_worker(mode):
     import multiprocessing
+    import threading
 
     def source(worker, workers):
         for i in range(10):
@@ -77,7 +88,7 @@ def test_prefetch_raises_the_sources_error_at_its_item_with_its_message_and_stop
 
     got = []
     with pytest.raises(BoundaryStoreError) as e:
-        for x in prefetch(source, 4):
+        for x in prefetch(source, 4, mode=mode):
             got.append(x)
     assert got == [0, 1, 2] and str(e.value) == "boundary shard file /x/b2.h5: checksum failure while reading"
 
@@ -87,10 +98,13 @@ def test_prefetch_raises_the_sources_error_at_its_item_with_its_message_and_stop
             yield i
             i += 1
 
-    it = prefetch(endless, 2)
+    it = prefetch(endless, 2, mode=mode)
     assert [next(it) for _ in range(5)] == [0, 1, 2, 3, 4]
     it.close()  # the consumer stops early: the worker stops at once
     assert not multiprocessing.active_children()
+    assert not [t for t in threading.enumerate() if t.name.startswith("zerograph-prefetch")]
+    with pytest.raises(ValueError, match="thread, process"):
+        next(prefetch(endless, 2, mode="fibre"))
 
 
 # -- the read path
@@ -137,15 +151,15 @@ def blocks(out):
 
 def test_prefetch_on_and_off_give_the_same_block_bytes_and_hash(tmp_path, run_graph):
     runs = {}
-    for ahead, workers in ((0, 1), (1, 1), (4, 3)):
-        cfg = CFG + f" train.prefetch={ahead} train.prefetch_workers={workers}"
+    for ahead, workers, mode in ((0, 1, "thread"), (1, 1, "thread"), (4, 3, "thread"), (2, 2, "process")):
+        cfg = CFG + f" train.prefetch={ahead} train.prefetch_workers={workers} train.prefetch_mode={mode}"
         assert run_graph(RunExperiment(preset="", set=cfg, outputs=str(tmp_path / f"p{ahead}")))[0]
         runs[ahead] = blocks(tmp_path / f"p{ahead}")
-    assert len(runs[0]) == 2 and runs[0] == runs[1] == runs[4]  # same folder names (unhashed) and bytes
+    assert len(runs[0]) == 2 and runs[0] == runs[1] == runs[4] == runs[2]  # same folder names (unhashed) and bytes
     rng = {a: [torch.load(p, weights_only=True)["torch_rng"] for p in sorted((tmp_path / f"p{a}").glob("TrainBlock/*/train_state.pt"))]
            for a in runs}
-    assert all(torch.equal(x, y) for a in (1, 4) for x, y in zip(rng[0], rng[a]))  # the final state records the same RNG
-    off = CFG + " train.prefetch=0 train.prefetch_workers=2 train.tensorboard=false"
+    assert all(torch.equal(x, y) for a in (1, 4, 2) for x, y in zip(rng[0], rng[a]))  # the final state records the same RNG
+    off = CFG + " train.prefetch=0 train.prefetch_workers=2 train.prefetch_mode=process train.tensorboard=false"
     assert {t.uid for t in tasks_of(off, tmp_path, "TrainBlock")} == {t.uid for t in tasks_of(CFG, tmp_path, "TrainBlock")}
 
 
@@ -179,9 +193,10 @@ def test_16_bit_batches_widened_on_the_device_train_the_bytes_of_batches_widened
         assert all(a != b for a, b in zip(native.values(), blocks(out).values()))
 
 
-def test_a_damaged_shard_read_by_the_prefetch_worker_fails_the_block_naming_it(tmp_path, run_graph):
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_damaged_shard_read_by_the_prefetch_worker_fails_the_block_naming_it(tmp_path, run_graph, mode):
     out = tmp_path / "out"
-    cfg = CFG + " train.prefetch=3 train.max_steps=2"
+    cfg = CFG + f" train.prefetch=3 train.max_steps=2 train.prefetch_mode={mode}"
     assert run_graph(RunExperiment(preset="", set=cfg, outputs=str(out)))[0]
     f = next((out / "BoundaryShard").glob("train-00000032-*")) / "b2.h5"
     with h5py.File(f, "r") as h:
@@ -190,7 +205,7 @@ def test_a_damaged_shard_read_by_the_prefetch_worker_fails_the_block_naming_it(t
     raw[offset + 64] ^= 0x01
     f.write_bytes(bytes(raw))
     FAILURES.clear()
-    cfg = CFG + " train.prefetch=3 train.max_steps=30"  # 30 batches of 3 read every training sequence
+    cfg = CFG + f" train.prefetch=3 train.max_steps=30 train.prefetch_mode={mode}"  # 30 batches of 3 read every sequence
     assert not run_graph(RunExperiment(preset="", set=cfg, outputs=str(out)))[0]
     msgs = [m for fam, m in FAILURES if fam == "TrainBlock"]
     assert msgs and msgs[0].startswith(f"boundary shard file {f.resolve()}: checksum failure")

@@ -238,6 +238,8 @@ def validate_train(t: Mapping[str, Any], where: str, block: int | None = None,
         raise ConfigError(f"{n('epochs')} must be >= 0, got {t['epochs']!r}")
     for k in ("max_steps", "warmup_steps", "seed", "prefetch"):
         _positive_int(n(k), t[k], zero_ok=True)
+    if t["prefetch_mode"] not in ("thread", "process"):
+        raise ConfigError(f"{n('prefetch_mode')} must be \"thread\" or \"process\", got {t['prefetch_mode']!r}")
     if not isinstance(t["tensorboard"], bool):
         raise ConfigError(f"{n('tensorboard')} must be true or false, got {t['tensorboard']!r}")
     for k in ("batch_size", "checkpoint_every", "prefetch_workers"):

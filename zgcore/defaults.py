@@ -84,10 +84,11 @@ DEFAULTS: dict[str, Any] = {
         "grad_clip": 1.0,  # gradient-norm clipping (0 = none)
         "seed": 0,  # initialisation, noise and batch order of the block
         "checkpoint_every": 25,  # steps between checkpoints (resume after an interruption); not hashed
-        # batches read from the boundary store ahead of the step by a background thread (0 = read
+        # batches read from the boundary store ahead of the step by each background worker (0 = read
         # synchronously); same order and bytes either way, so not hashed (zgcore.feed)
         "prefetch": 2,
-        "prefetch_workers": 1,  # worker processes reading ahead (each reads every n-th batch); not hashed
+        "prefetch_workers": 1,  # workers reading ahead (each reads every n-th batch); not hashed
+        "prefetch_mode": "thread",  # "thread" (format-4 reads release the GIL) or "process" (DataLoader); not hashed
         "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.watch); not hashed
         # local auxiliary terms through the teacher's frozen head (zgcore.objectives.aux_losses); 0 = off, not hashed
         "ce_weight": 0.0,  # next-token cross-entropy

@@ -1,15 +1,26 @@
 """The input pipeline of cached training (issue 18): batches are read and checked ahead
-of the training step by a worker process, at most ``ahead`` batches in flight, in the same order
-and with the same bytes as a synchronous read.
+of the training step by background workers, at most ``ahead`` batches in flight per worker, in the
+same order and with the same bytes as a synchronous read.
 
-It is PyTorch's own :class:`torch.utils.data.DataLoader` (worker processes over an
-``IterableDataset``, each reading every ``workers``-th batch; ``prefetch_factor`` = ``ahead``;
-``pin_memory`` on CUDA), not a hand-made queue. A process rather than a thread: h5py holds the GIL for the whole of each HDF5 read, so a
-reading thread delays the training thread's kernel launches by up to a read plus Python's 5 ms
-switch interval (measured: a 2 ms simulated step waited more with a reading thread than without
-one). An error in the worker (a damaged shard: :class:`~zgcore.boundary_store.BoundaryStoreError`)
-is handed over as a value and raised in the consumer with its own type and message, at the
-batch that needed it.
+Two kinds of worker (``train.prefetch_mode``):
+
+* ``"thread"`` (default): threads of this process, each iterating its share of the batches into a
+  queue bounded by a semaphore (the standard library's ``threading`` and ``queue``). A format-4
+  store is read with ``os.preadv`` and checked with xxh3 and numpy's ``isfinite``, all of which
+  release the GIL, so a reading thread does not hold up the training thread, and a batch reaches
+  the step as the very tensor the worker filled: no copy into shared memory and no file
+  descriptor passed per tensor. Measured (``bench/data_feed.py``), handing a batch over from a
+  worker *process* cost the consumer ~1-5 ms per batch (DataLoader's ``file_descriptor`` sharing
+  connects to the worker per tensor), more than 5% of a 20 ms step.
+* ``"process"``: PyTorch's own :class:`torch.utils.data.DataLoader` (worker processes over an
+  ``IterableDataset``, each reading every ``workers``-th batch; ``prefetch_factor`` = ``ahead``;
+  ``pin_memory`` on CUDA). For sources that hold the GIL while they read (a format-3 store: h5py
+  holds it for the whole of each HDF5 read, so a reading thread delays the training thread's
+  kernel launches by up to a read plus Python's 5 ms switch interval).
+
+Either way an error in a worker (a damaged shard: :class:`~zgcore.boundary_store.BoundaryStoreError`)
+is handed over as a value and raised in the consumer with its own type and message, at the batch
+that needed it.
 """
 from __future__ import annotations
 
@@ -57,10 +68,13 @@ def _context() -> str:
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+MODES = ("thread", "process")
+
+
 def prefetch(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_memory: bool = False,
-             workers: int = 1) -> Iterator[T]:
+             workers: int = 1, mode: str = "thread") -> Iterator[T]:
     """Yield the items of a source in order, produced ahead of the consumer by ``workers`` worker
-    processes (``ahead`` <= 0: ``make_source(0, 1)`` itself, in this process).
+    threads or processes (``mode``; ``ahead`` <= 0: ``make_source(0, 1)`` itself, in this thread).
 
     Worker ``w`` of ``W`` iterates ``make_source(w, W)``, which must yield the items ``w, w+W,
     w+2W, ...`` of the whole sequence (``make_source(0, 1)`` yields all of them); the DataLoader
@@ -78,10 +92,19 @@ def prefetch(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_mem
         make_source: ``make_source(worker, workers)``, called once in each worker (picklable
             where there is no ``fork``; a :func:`functools.partial` of :func:`store_batches` is).
         ahead: items in flight per worker (>= 0). pin_memory: page-locked results (CUDA only).
-        workers: worker processes (>= 1).
+        workers: worker threads or processes (>= 1).
+        mode: ``"thread"`` or ``"process"`` (see the module's docstring).
+
+    Raises:
+        ValueError: an unknown ``mode``. Whatever the source raises, at its item.
     """
+    if mode not in MODES:
+        raise ValueError(f"prefetch mode must be one of {', '.join(MODES)}, got {mode!r}")
     if ahead <= 0:
         yield from make_source(0, 1)
+        return
+    if mode == "thread":
+        yield from _threaded(make_source, int(ahead), pin_memory, max(1, int(workers)))
         return
     # a generator of its own: the DataLoader draws its workers' base seed from it, and drawing from
     # the global one would change the torch RNG state a checkpoint records
@@ -96,6 +119,71 @@ def prefetch(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_mem
             yield item
     finally:
         it._shutdown_workers()  # at once, not when garbage collected
+
+
+_END = object()
+
+
+def _pinned(item):
+    """``item`` (a tensor, or a tuple of tensors and other values) with its tensors in page-locked memory."""
+    if isinstance(item, torch.Tensor):
+        return item.pin_memory()
+    if isinstance(item, tuple):
+        return tuple(_pinned(x) for x in item)
+    return item
+
+
+def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_memory: bool, workers: int) -> Iterator[T]:
+    """:func:`prefetch` with worker threads: worker ``w`` takes a slot (one of ``ahead``) before it
+    produces an item and the consumer gives it back when it takes the item, so at most ``ahead``
+    items per worker are being produced or waiting; the consumer takes item ``k`` from worker
+    ``k % workers``. Closing the generator stops the workers (each at its next slot) and waits for them."""
+    import queue
+    import threading
+
+    stop = threading.Event()
+    slots = [threading.Semaphore(ahead) for _ in range(workers)]
+    queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(workers)]
+
+    def work(w: int) -> None:
+        source = make_source(w, workers)
+        try:
+            while True:
+                while not slots[w].acquire(timeout=0.05):
+                    if stop.is_set():
+                        return
+                if stop.is_set():
+                    return
+                try:
+                    item = next(source)
+                except StopIteration:
+                    queues[w].put(_END)
+                    return
+                queues[w].put(_pinned(item) if pin_memory else item)
+        except Exception as e:  # noqa: BLE001 (raised again, unchanged, in the consumer)
+            queues[w].put(_Raised(e))
+        finally:
+            source.close() if hasattr(source, "close") else None
+
+    threads = [threading.Thread(target=work, args=(w,), name=f"zerograph-prefetch-{w}", daemon=True) for w in range(workers)]
+    for th in threads:
+        th.start()
+    try:
+        k = 0
+        while True:
+            w = k % workers
+            item = queues[w].get()
+            if item is _END:
+                return
+            slots[w].release()
+            if isinstance(item, _Raised):
+                raise item.error
+            yield item
+            k += 1
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
 
 
 def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: int, start: int,
@@ -131,14 +219,15 @@ def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
 
 
 def block_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: int, start: int, steps: int,
-                  ahead: int, pin_memory: bool = False, workers: int = 1) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
+                  ahead: int, pin_memory: bool = False, workers: int = 1,
+                  mode: str = "thread") -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
     """:func:`store_batches` of ``reader``, read ``ahead`` batches ahead by each of ``workers``
-    worker processes that open the store themselves (:func:`prefetch`), or in this process with
-    ``ahead`` = 0."""
+    worker threads or processes (``mode``) that open the store themselves (:func:`prefetch`), or
+    in this thread with ``ahead`` = 0."""
     if ahead <= 0:
         return store_batches(reader, b_in, b_out, n, seed, batch_size, start, steps)
     return prefetch(partial(store_batches, str(reader.root), b_in, b_out, n, seed, batch_size, start, steps), ahead,
-                    pin_memory, workers)
+                    pin_memory, workers, mode)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

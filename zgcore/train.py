@@ -65,7 +65,7 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
         out.pop("epochs", None)
     if out.get("n_layers") is not None:
         out.pop("keep_fraction", None)
-    for k in ("checkpoint_every", "prefetch", "prefetch_workers", "tensorboard"):
+    for k in ("checkpoint_every", "prefetch", "prefetch_workers", "prefetch_mode", "tensorboard"):
         out.pop(k, None)
     if out.get("intermediate_size") is None:
         out.pop("intermediate_size", None)
@@ -153,7 +153,7 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
         """``(step, idx, x, y)`` from ``step`` on, on the CPU (:func:`zgcore.feed.store_batches`)."""
         if cached:
             yield from block_batches(reader, b_in, b_out, n, seed, bs, step, loop.steps, ahead, device.type == "cuda",
-                                     int(t.get("prefetch_workers") or 1))
+                                     int(t.get("prefetch_workers") or 1), str(t.get("prefetch_mode") or "thread"))
             return
         while True:  # online targets: the teacher runs here, synchronously
             epoch, k = divmod(step, per_epoch)
