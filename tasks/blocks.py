@@ -102,6 +102,7 @@ class TrainBlock(Resumable, _TeacherTask):
         plus ``search.json`` (also in ``metrics.json`` as ``lr_search``, with ``lr``). A candidate
         whose training diverges writes only ``diverged.json``."""
         if self.train.get("lrs"):
+            self.check_tune_rows()
             s, tasks = yield from search.run_search(*self._search(), who=f"TrainBlock {self.label()}",
                                                     hint=f"lower train.lrs (or blocks.{self.block}.lrs)")
             best = self.candidate_task(s["best_lr"])
@@ -122,6 +123,16 @@ class TrainBlock(Resumable, _TeacherTask):
             if not self.candidate:
                 raise
             search.record_divergence(self, self.train["lr"], e)
+
+    def check_tune_rows(self) -> None:
+        """Before any candidate trains: the validation split has sequences outside the test
+        subset to score the candidates on (else ``ValueError`` saying what to set)."""
+        req = self.data_requires()
+        if "cache" in req:
+            n_val = int(json.loads((req["cache"].out_dir / boundary_store.MANIFEST).read_text())["n_val"])
+        else:
+            n_val = int(corpus.read_meta(req["corpus"].out_dir / "tokens.h5")["n_val"])
+        tune_rows(n_val, dict(self.train.get("tune") or {}), f"train.lrs (block {self.block})")
 
     def train_once(self):
         """Train the block at ``train.lr`` and write its output."""
@@ -175,9 +186,13 @@ class TrainBlock(Resumable, _TeacherTask):
 class ScoreBlock(_TeacherTask):
     """The validation loss of one trained candidate block of an lr search
     (:func:`zgcore.train.val_loss`: the block's regression loss on the boundary store's validation
-    split, or, with online targets, on the teacher's boundaries of the validation tokens); writes
-    ``score.json`` ``{"val_loss", "sequences"}`` or, for a diverged candidate, ``{"val_loss": null,
-    "diverged": {...}}``."""
+    split, or, with online targets, on the teacher's boundaries of the validation tokens), over
+    the validation sequences outside the test subset (``train.tune``, :func:`zgcore.metrics.tune_subset`:
+    no lr is chosen on the sequences the CE is reported on); writes ``score.json``
+    ``{"val_loss", "sequences"}`` or, for a diverged candidate, ``{"val_loss": null, "diverged": {...}}``."""
+
+    # 2: scored on the validation sequences outside the test subset (was: every one)
+    code_version = 2
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
@@ -196,7 +211,7 @@ class ScoreBlock(_TeacherTask):
         return req
 
     def own_config(self):
-        return {"split": "val"}
+        return {"split": "val", "outside_test": dict(self.train.get("tune") or {})}
 
     def label(self):
         return self.block_task().label() + "-val"
@@ -222,11 +237,22 @@ class ScoreBlock(_TeacherTask):
                                                      int(self.boundary["batch_size"]))
         else:
             source = boundary_store.BoundaryReader(req["cache"].out_dir)
+        tune = dict(self.train.get("tune") or {})
         with source:
-            m = ztrain.val_loss(block, source, meta["start"], meta["end"], self.train)
+            rows = tune_rows(source.n("val"), tune, f"train.lrs (block {self.block})")
+            m = ztrain.val_loss(block, source, meta["start"], meta["end"], self.train, rows=rows)
         with self.building() as tmp:
             write_json(tmp / "score.json", {**m, "lr": float(self.train["lr"])})
         self.log(f"validation loss {m['val_loss']:.4f} over {m['sequences']} sequences")
+
+
+def tune_rows(n_val: int, tune, who: str):
+    """The validation rows an lr search scores on (:func:`zgcore.metrics.tune_subset` of the test
+    subset's settings ``tune``: ``{"max_sequences", "subset_seed"}``); raises ``ValueError`` (what
+    to set) when the test subset takes every validation sequence."""
+    from zgcore.metrics import tune_subset
+
+    return tune_subset(int(n_val), int(tune.get("max_sequences", 0)), int(tune.get("subset_seed", 0)), who)
 
 
 def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):

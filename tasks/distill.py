@@ -44,7 +44,8 @@ class DistillE2E(_DistillTask):
 
     With ``distill.lrs`` (issue 19.3) the arm searches its lr (:mod:`zgcore.lr_search`): each
     candidate is a DistillE2E at one lr (``candidate=True``), trained at this arm's full budget
-    and scored by held-out CE on the validation split (EvaluateStudent without context use),
+    and scored by held-out CE on the validation sequences outside the test subset (EvaluateStudent
+    without context use, :func:`tune_eval`),
     yielded round by round as dynamic dependencies; this task's output is then a copy of the
     chosen candidate's plus ``search.json`` (every lr searched, its CE, edge, diverged ones). A
     candidate whose training diverges writes only ``diverged.json`` and loses."""
@@ -126,6 +127,10 @@ class DistillE2E(_DistillTask):
 
     def run(self):
         if self.distill.get("lrs"):
+            from zgcore.metrics import tune_subset
+
+            n_val = int(corpus.read_meta(self.corpus_task().out_dir / "tokens.h5")["n_val"])  # fail before training
+            tune_subset(n_val, int(self.eval["max_sequences"]), int(self.eval["subset_seed"]), "distill.lrs")
             s, tasks = yield from search.run_search(*self._search(), who=f"DistillE2E {self.label()}",
                                                     hint="lower distill.lrs")
             best = self.candidate_task(s["best_lr"])
@@ -179,8 +184,9 @@ def arm_lr(task, configured: float) -> dict:
 
 
 def tune_eval(ev) -> dict:
-    """How an lr search's candidates are scored: the experiment's eval settings without context use."""
-    return {**dict(ev), "context_sequences": 0}
+    """How an lr search's candidates are scored: the experiment's eval settings without context use,
+    on the validation sequences outside the test subset (``tune``; :func:`zgcore.metrics.tune_subset`)."""
+    return {**dict(ev), "context_sequences": 0, "tune": True}
 
 
 def importance_task(task):
@@ -205,10 +211,14 @@ class EvaluateStudent(_StudentTask):
     """Held-out CE (nats/token) and context use of one trained student folder (the end-to-end arm),
     on the same seeded subset of the validation split as :class:`~tasks.evaluate.Evaluate` and (not
     for a search candidate) on every ``eval.extra`` corpus; writes ``eval.json`` (``{"ce": null,
-    "diverged": {...}}`` for a diverged search candidate) and ``per_sequence_ce.json`` (key ``student``)."""
+    "diverged": {...}}`` for a diverged search candidate) and ``per_sequence_ce.json`` (key ``student``).
+    A search candidate (``eval.tune``, :func:`tune_eval`) is scored on the validation sequences
+    outside that test subset instead (:func:`zgcore.metrics.tune_subset`): no lr is chosen on the
+    sequences the arms' CE is reported on."""
 
     # 2: random test subset (eval.max_sequences, eval.subset_seed), per-sequence CE, eval.extra corpora
-    code_version = 2
+    # 3: a search candidate is scored outside the test subset
+    code_version = 3
     eval = luigi.DictParameter(visibility=HIDDEN)
     distill = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(default={}, visibility=HIDDEN, description="DistillE2E's heal (budget matching)")
@@ -247,7 +257,8 @@ class EvaluateStudent(_StudentTask):
             self.log(f"lr {div['lr']:g} diverged ({div['what']} at step {div['step']}): no CE")
             return
         val_all = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
-        rows = metrics.eval_subset(len(val_all), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
+        pick = metrics.tune_subset if self.eval.get("tune") else metrics.eval_subset
+        rows = pick(len(val_all), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
         val = val_all[rows]
         model = AutoModelForCausalLM.from_pretrained(student_dir(req["model"]), dtype=torch.float32).to(self.device)
         per_seq = metrics.sequence_cross_entropy(model, val, int(self.eval["batch_size"]), desc="CE e2e")

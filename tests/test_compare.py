@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import tiny_cfg
 from zgcore import compare
-from zgcore.metrics import eval_subset
+from zgcore.metrics import eval_subset, tune_subset
 
 FIELDS = {"a", "b", "mean_diff", "ci95", "seeds", "sequences", "verdict"}
 
@@ -59,6 +59,16 @@ def test_eval_subset_is_seeded_random_not_the_first_rows_and_hashed():
     assert eval_subset(1000, 64, 0).tolist() == rows.tolist() and eval_subset(1000, 64, 1).tolist() != rows.tolist()
     assert eval_subset(10, 0, 0).tolist() == list(range(10)) == eval_subset(10, 50, 3).tolist()
     assert compare.subset_digest(rows) == compare.subset_digest(rows.copy()) != compare.subset_digest(rows[:-1])
+
+
+def test_lr_searches_score_outside_the_test_subset_and_refuse_when_nothing_is_left():
+    test, tune = eval_subset(100, 40, 7), tune_subset(100, 40, 7)
+    assert len(tune) == 60 and not set(test.tolist()) & set(tune.tolist())  # disjoint ...
+    assert sorted(test.tolist() + tune.tolist()) == list(range(100)) and list(tune) == sorted(tune)  # ... and the whole split
+    assert tune_subset(100, 40, 8).tolist() != tune.tolist()  # follows the test subset's seed
+    for m in (0, 100, 150):  # the test subset is the whole split: nothing to tune on
+        with pytest.raises(ValueError, match=f"distill.lrs .*eval.max_sequences={m} puts all 100 in it: set eval.max_sequences below 100"):
+            tune_subset(100, m, 0, "distill.lrs")
 
 
 def test_stdlib_docstrings_is_deterministic_text():

@@ -104,12 +104,18 @@ def test_distill_study_searches_the_end_to_end_arms_lr_and_survives_divergence(t
     from workflows import load_config
     from workflows.distill import build_distill_study
 
-    cfg = load_config("", "distill.lrs=[1e-3,1e9] distill.lr_rounds=2", "distill_tiny")
+    cfg = load_config("", "distill.lrs=[1e-3,1e9] distill.lr_rounds=2 eval.max_sequences=5", "distill_tiny")
     study = build_distill_study(cfg, str(tmp_path))
     ok, ran = run_graph(study)
     assert ok
     rep = json.loads((study.out_dir / "report.json").read_text())
     arms = {a["name"]: a for a in rep["arms"]}
+    # candidates are scored on the validation sequences outside the test subset, the arms on the test subset
+    n_val = _n_val(tmp_path)
+    cands = [p for p in tmp_path.glob("EvaluateStudent/*/eval.json") if json.loads(p.read_text()).get("ce") is not None]
+    tuned = [json.loads(p.read_text()) for p in cands]
+    assert {e["val_tokens"] for e in tuned} == {(n_val - 5) * 32, 5 * 32} and n_val > 5
+    assert len({e["subset_sha256"] for e in tuned}) == 2
     for name in ("e2e", "e2e_healed"):
         s = arms[name]["lrs"]["e2e"]["search"]
         assert s["grid"] == [1e-3, 1e9] and s["rounds"] == 2 and arms[name]["lrs"]["e2e"]["lr"] == s["best_lr"]
@@ -128,6 +134,22 @@ def test_distill_study_searches_the_end_to_end_arms_lr_and_survives_divergence(t
     assert arms["blockwise"]["lrs"] == {"block 0": {"lr": 1e-3}, "block 1": {"lr": 1e-3}}
 
 
+def _n_val(out) -> int:
+    from zgcore.corpus import read_meta
+
+    return int(read_meta(next(Path(out).glob("PrepareCorpus/*/tokens.h5")))["n_val"])
+
+
+def test_a_search_with_the_whole_validation_split_as_test_fails_before_any_work(tmp_path):
+    from workflows import load_config
+    from zgcore.checks import ConfigError
+
+    for key in ("train.lrs", "blocks.1.lrs", "distill.lrs"):
+        with pytest.raises(ConfigError, match=f"{key} scores its candidates on validation sequences outside the test "
+                                              "subset, but eval.max_sequences = 0"):
+            load_config("", f"{key}=[1e-3,3e-3]", "distill_tiny")
+
+
 def test_blockwise_arm_searches_each_blocks_lr_on_its_validation_loss(tmp_path, run_graph):
     """19.3: train.lrs searches every block's lr (each candidate its own TrainBlock, scored by its
     validation loss); a diverging lr loses; the assembled student is built from the chosen blocks."""
@@ -136,7 +158,7 @@ def test_blockwise_arm_searches_each_blocks_lr_on_its_validation_loss(tmp_path, 
     from workflows import load_config
     from workflows.distill import build_distill_study
 
-    cfg = load_config("", "train.lrs=[1e-3,1e9] train.lr_rounds=2", "distill_tiny")
+    cfg = load_config("", "train.lrs=[1e-3,1e9] train.lr_rounds=2 eval.max_sequences=5", "distill_tiny")
     study = build_distill_study(cfg, str(tmp_path))
     ok, ran = run_graph(study)
     assert ok
@@ -153,6 +175,9 @@ def test_blockwise_arm_searches_each_blocks_lr_on_its_validation_loss(tmp_path, 
         assert (task.out_dir / "block.safetensors").read_bytes() == (best.out_dir / "block.safetensors").read_bytes()
         finite = [(v, lr) for lr, v in zip(s["lrs"], s["scores"]) if v is not None]
         assert min(finite)[1] == s["best_lr"] and all(v > 0 for v, _ in finite)
+    # each candidate is scored on the validation sequences outside the test subset of 5
+    scored = [json.loads(p.read_text()) for p in tmp_path.glob("ScoreBlock/*/score.json")]
+    assert scored and {e["sequences"] for e in scored if e["val_loss"] is not None} == {_n_val(tmp_path) - 5}
     assert arms["healed"]["lrs"]["block 0"] == arms["blockwise"]["lrs"]["block 0"]
     # the experiment's own report carries each block's chosen lr and its search
     ev = json.loads((study.requires()["blockwise"].out_dir / "report.json").read_text())

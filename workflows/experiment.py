@@ -143,13 +143,17 @@ def walk(task: ZGTask) -> list[ZGTask]:
 
 def block_settings(cfg: dict[str, Any], seed: int | None = None, **train_over) -> list[dict[str, Any]]:
     """Each block's resolved train settings, with ``seed`` (if given) and ``train_over`` replacing
-    those settings in every block."""
+    those settings in every block. A block that searches its lr (``lrs``) also carries ``tune``:
+    the test subset's settings (``eval.max_sequences``, ``eval.subset_seed``), so that its
+    candidates are scored on the validation sequences outside it (:func:`zgcore.metrics.tune_subset`)."""
     out = []
     for i in range(int(cfg["boundary"]["num_blocks"])):
         t = zconfig.block_train_config(cfg, i)
         t.update(train_over)
         if seed is not None:
             t["seed"] = seed
+        if t.get("lrs"):
+            t["tune"] = {"max_sequences": int(cfg["eval"]["max_sequences"]), "subset_seed": int(cfg["eval"]["subset_seed"])}
         out.append(t)
     return out
 

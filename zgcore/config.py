@@ -177,6 +177,13 @@ def _validate_static(cfg: dict[str, Any]) -> None:
     e = cfg["eval"]
     _positive_int("eval.max_sequences", e["max_sequences"], zero_ok=True)
     _positive_int("eval.subset_seed", e["subset_seed"], zero_ok=True)
+    searching = [f"blocks.{i}.lrs" if "lrs" in cfg["blocks"].get(str(i), {}) else "train.lrs"
+                 for i in range(int(b["num_blocks"])) if block_train_config(cfg, i)["lrs"]]
+    searching += ["distill.lrs"] if cfg["distill"]["lrs"] else []
+    if searching and not int(e["max_sequences"]):
+        raise ConfigError(f"{searching[0]} scores its candidates on validation sequences outside the test subset, but "
+                          "eval.max_sequences = 0 makes every validation sequence a test sequence: set "
+                          "eval.max_sequences (e.g. half the validation split; no lr is chosen on test sequences)")
     from .heldout import validate_extra  # heldout imports this module
 
     validate_extra(e, c)

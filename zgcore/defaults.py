@@ -29,7 +29,7 @@ DISTILL_DEFAULTS: dict[str, Any] = {
     "steps": 0,  # 0 = matched: as many student layer-token passes as the blockwise arm (zgcore.distill.e2e_steps)
     "lr": 3e-4,
     # lr search of the end-to-end arms (zgcore.lr_search), each candidate at the arm's full budget, scored by held-out
-    # CE on the validation split
+    # CE on the validation sequences outside the test subset (needs eval.max_sequences below the split's size)
     "lrs": [],  # the first round's lrs ([] = no search, distill.lr)
     "lr_rounds": 4,  # lr-search rounds at most
 }
@@ -73,7 +73,8 @@ DEFAULTS: dict[str, Any] = {
         "intermediate_size": None,  # None = the teacher's MLP width; narrower keeps the most active channels
         "init": "teacher",  # "teacher" (copy kept layers) or "random"
         "lr": 2e-3,  # AdamW peak; block-1 sweep on SmolLM2: 2e-4 < 5e-4 < 1e-3 < 2e-3 in recovered CE
-        # lr search per block (zgcore.lr_search), scored on the block's validation loss
+        # lr search per block (zgcore.lr_search), scored on the block's validation loss over the validation
+        # sequences outside the test subset (needs eval.max_sequences below the split's size)
         "lrs": [],  # the first round's lrs ([] = no search, train.lr)
         "lr_rounds": 4,  # lr-search rounds at most (refine around the best, extend past an edge)
         "epochs": 1.5,  # passes over the training split per block

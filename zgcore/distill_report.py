@@ -182,8 +182,9 @@ def markdown(report: Mapping[str, Any]) -> str:
             "wall s (1 worker)", "wall s (enough workers)", "peak RSS MiB (task)", "tasks at once"]
     searched = search_lines(report)
     search = ("\n\nLearning-rate searches (zgcore.lr_search; each candidate at its arm's full budget; blocks scored "
-              "by their validation loss, end-to-end arms by held-out CE on the validation split — the split the table's "
-              "CE is measured on):\n\n" + "\n".join(searched)) if searched else ""
+              "by their validation loss, end-to-end arms by held-out CE, both on the validation sequences outside the "
+              "test subset the table's CE is measured on — no lr is chosen on a test sequence):\n\n"
+              + "\n".join(searched)) if searched else ""
     return (f"# Distillation study: {report['name']}\n\nTeacher `{report['teacher']}`; held-out CE (nats/token) of the "
             f"teacher {num(report['ce_teacher'])}, of the untrained student {num(report['ce_untrained'])} "
             f"({report['student_layers']} of the teacher's layers); {report['val_tokens']:,} held-out tokens.\n\n"

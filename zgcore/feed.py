@@ -127,7 +127,7 @@ _END = object()
 def _pinned(item):
     """``item`` (a tensor, or a tuple of tensors and other values) with its tensors in page-locked memory."""
     if isinstance(item, torch.Tensor):
-        return item.pin_memory()
+        return item if item.is_pinned() else item.pin_memory()
     if isinstance(item, tuple):
         return tuple(_pinned(x) for x in item)
     return item
@@ -187,7 +187,8 @@ def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_me
 
 
 def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: int, start: int,
-                  steps: int, worker: int = 0, workers: int = 1) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
+                  steps: int, worker: int = 0, workers: int = 1,
+                  pin_memory: bool = False) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
     """The batches of training steps ``start + worker, start + worker + workers, ...`` (below
     ``steps``; all of ``start .. steps-1`` by default) of a block: ``(step, idx, x, y)`` with
     ``idx`` the step's sequence indices (int64), ``x`` / ``y`` boundaries ``b_in`` / ``b_out``
@@ -197,13 +198,14 @@ def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
     ``s % per_epoch`` of epoch ``s // per_epoch`` in :func:`zgcore.loop.data_order`.
 
     ``reader``: a :class:`~zgcore.boundary_store.BoundaryReader`, or the store's folder (opened
-    here, and closed at the end: what a worker process does). Raises as the reader's ``read``.
+    here, and closed at the end: what a worker does; with ``pin_memory`` the batches are read
+    straight into page-locked memory). Raises as the reader's ``read``.
     """
     from .boundary_store import BoundaryReader
     from .loop import data_order
 
     own = not isinstance(reader, BoundaryReader)
-    r = BoundaryReader(reader) if own else reader
+    r = BoundaryReader(reader, pin_memory=pin_memory) if own else reader
     per_epoch = (n + batch_size - 1) // batch_size
     epoch, order = -1, None
     try:
@@ -226,6 +228,9 @@ def block_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
     in this thread with ``ahead`` = 0."""
     if ahead <= 0:
         return store_batches(reader, b_in, b_out, n, seed, batch_size, start, steps)
+    if mode == "thread":  # each worker thread's reader fills page-locked memory itself: no second copy
+        return prefetch(partial(store_batches, str(reader.root), b_in, b_out, n, seed, batch_size, start, steps,
+                                pin_memory=pin_memory), ahead, False, workers, mode)
     return prefetch(partial(store_batches, str(reader.root), b_in, b_out, n, seed, batch_size, start, steps), ahead,
                     pin_memory, workers, mode)
 

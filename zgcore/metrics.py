@@ -94,6 +94,26 @@ def eval_subset(n: int, max_sequences: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng((int(seed), 19)).choice(n, size=int(max_sequences), replace=False)).astype(np.int64)
 
 
+def tune_subset(n: int, max_sequences: int, seed: int, who: str = "an lr search") -> np.ndarray:
+    """The held-out rows an lr search scores its candidates on: every row of the split that is
+    NOT in the test subset :func:`eval_subset` ``(n, max_sequences, seed)`` — so that no arm's
+    learning rate is chosen on the sequences its CE is then reported on (issue 19). Sorted int64
+    ``[n - m]``.
+
+    Raises:
+        ValueError: no row is left (``max_sequences`` 0 or at least ``n``: every held-out sequence
+            is a test sequence); the message names ``who`` and says to set ``eval.max_sequences``
+            below ``n``.
+    """
+    test = eval_subset(n, max_sequences, seed)
+    rows = np.setdiff1d(np.arange(n, dtype=np.int64), test)
+    if not len(rows):
+        raise ValueError(f"{who} scores its candidates on validation sequences outside the test subset, but "
+                         f"eval.max_sequences={max_sequences} puts all {n} in it: set eval.max_sequences below {n} "
+                         f"(e.g. {max(1, n // 2)}), or raise corpus.val_fraction")
+    return rows
+
+
 @torch.no_grad()
 def context_use(model: torch.nn.Module, tokens: np.ndarray, window: int = 16, batch_size: int = 64) -> dict[str, float]:
     """How much a causal LM uses context beyond its last ``window`` tokens.

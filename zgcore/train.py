@@ -76,6 +76,7 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
     else:
         out.pop("lrs", None)
         out.pop("lr_rounds", None)
+        out.pop("tune", None)
     active = aux_active(out)
     if "ce" not in active:
         out.pop("ce_weight", None)
@@ -189,11 +190,12 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
 
 
 def val_loss(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: int, t: Mapping[str, Any],
-             split: str = "val", batch_size: int | None = None) -> dict[str, Any]:
+             split: str = "val", batch_size: int | None = None, rows: np.ndarray | None = None) -> dict[str, Any]:
     """The block's validation loss: :func:`~zgcore.objectives.regression_loss` (``t["loss_norm"]``,
     per-channel scale of ``b_out``) of ``block(boundary b_in)`` against boundary ``b_out`` — the
-    clean mapping every objective is after — over every sequence of ``split``, in order, no noise.
-    What the blockwise arm's lr search scores (lower is better).
+    clean mapping every objective is after — over the sequences ``rows`` of ``split`` (int64;
+    default every one), in order, no noise. What the blockwise arm's lr search scores (lower is
+    better), on the rows outside the test subset (:func:`zgcore.metrics.tune_subset`).
 
     Args:
         block: a trained :class:`~zgcore.adapters.StudentBlock` (float32; put in eval mode here).
@@ -204,9 +206,10 @@ def val_loss(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: i
         ``{"val_loss" (sequence-weighted mean, dimensionless), "sequences"}``.
 
     Raises:
-        ValueError: the split is empty.
+        ValueError: the split (or ``rows``) is empty.
     """
-    n = reader.n(split)
+    order = np.arange(reader.n(split), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    n = len(order)
     if not n:
         raise ValueError(f"no {split} sequences to score the block on")
     device = next(block.parameters()).device
@@ -215,7 +218,7 @@ def val_loss(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: i
     total = 0.0
     block.eval()
     with torch.no_grad():
-        for _k, x, y in reader.batches(split, b_in, b_out, np.arange(n), bs):
+        for _k, x, y in reader.batches(split, b_in, b_out, order, bs):
             with autocast(device):
                 pred = block(x.to(device).float())  # the store's dtype, widened on the device (exact)
             total += float(regression_loss(pred.float(), y.to(device).float(), t["loss_norm"], scale.to(device))) * len(x)
