@@ -230,16 +230,18 @@ class ScoreBlock(_TeacherTask):
         meta = json.loads((req["block"].out_dir / "metrics.json").read_text())
         (block,) = load_blocks(layer_source(rec), [req["block"]])
         block = block.to(resolve(self.device))
-        if self.train["targets"] == "online":
+        tune = dict(self.train.get("tune") or {})
+        if self.train["targets"] == "online":  # the teacher over the tuning rows only (its loss scale comes from them too)
             val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
+            rows = tune_rows(len(val), tune, f"train.lrs (block {self.block})")
             source = boundary_store.OnlineBoundaries(load_base(rec, meta["end"], self.boundary["teacher_dtype"], self.device),
-                                                     val, [meta["start"], meta["end"]], self.boundary["dtype"],
+                                                     val[rows], [meta["start"], meta["end"]], self.boundary["dtype"],
                                                      int(self.boundary["batch_size"]))
+            rows = None
         else:
             source = boundary_store.BoundaryReader(req["cache"].out_dir)
-        tune = dict(self.train.get("tune") or {})
-        with source:
             rows = tune_rows(source.n("val"), tune, f"train.lrs (block {self.block})")
+        with source:
             m = ztrain.val_loss(block, source, meta["start"], meta["end"], self.train, rows=rows)
         with self.building() as tmp:
             write_json(tmp / "score.json", {**m, "lr": float(self.train["lr"])})

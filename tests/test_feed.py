@@ -107,6 +107,35 @@ def test_prefetch_raises_the_sources_error_at_its_item_with_its_message_and_stop
         next(prefetch(endless, 2, mode="fibre"))
 
 
+def test_a_thread_worker_whose_source_fails_to_start_or_raises_a_base_exception_does_not_hang_the_consumer():
+    import threading
+
+    def broken(worker, workers):
+        raise TypeError("bad source arguments")
+
+    class Halt(BaseException):
+        pass
+
+    def halting(worker, workers):
+        yield 0
+        raise Halt("stop")
+
+    got = {}
+
+    def consume():
+        for name, src, exc in (("broken", broken, TypeError), ("halting", halting, Halt)):
+            try:
+                list(prefetch(src, 2, workers=2, mode="thread"))
+            except exc as e:
+                got[name] = str(e)
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    t.join(10)
+    assert got == {"broken": "bad source arguments", "halting": "stop"}
+    assert not [t for t in threading.enumerate() if t.name.startswith("zerograph-prefetch")]
+
+
 # -- the read path
 
 @pytest.fixture(scope="module")
@@ -137,6 +166,30 @@ def test_reads_in_any_order_give_the_stored_bytes_in_the_storage_dtype(stores, d
             assert torch.equal(got.float(), ref[idx])  # runs across shard edges, repeats, reversed order: exact
         with pytest.raises(IndexError):
             r.read("train", 2, [11])
+
+
+def test_short_reads_are_read_on_and_a_truncated_file_is_named(stores, tmp_path, monkeypatch):
+    """os.preadv may return fewer bytes than asked (signals, network file systems): the reader reads
+    on, and only a read that returns nothing (the file ends early) counts as damage."""
+    import os
+    import shutil
+
+    path = tmp_path / "store"
+    shutil.copytree(stores["float32"], path)
+    with BoundaryReader(path) as r:
+        ref = r.read("train", 2, list(range(11)))
+    real = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: real(fd, [memoryview(bufs[0])[:1000]], off))
+    with BoundaryReader(path) as r:
+        assert torch.equal(r.read("train", 2, list(range(11))), ref)  # 1,000 bytes at a time: the same bytes
+        r.read("train", 2, [0])  # opens the file (SHA-256 checked), then it loses its end
+        f = r._shard_dir(r.shards["train"][0]) / "b2.h5"
+        with h5py.File(f, "r") as h:  # cut the file inside sequence 3's bytes
+            cut = h["h"].id.get_offset() + 3 * h["h"][0].nbytes + 100
+        with open(f, "r+b") as fh:
+            fh.truncate(cut)
+        with pytest.raises(BoundaryStoreError, match=f"{f}: short read: .* at sequence 3"):
+            r.read("train", 2, [3])
 
 
 # -- prefetching in a training task

@@ -146,8 +146,9 @@ def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_me
     queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(workers)]
 
     def work(w: int) -> None:
-        source = make_source(w, workers)
+        source = None
         try:
+            source = make_source(w, workers)  # may raise too: handed over like any error of the source
             while True:
                 while not slots[w].acquire(timeout=0.05):
                     if stop.is_set():
@@ -160,10 +161,11 @@ def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_me
                     queues[w].put(_END)
                     return
                 queues[w].put(_pinned(item) if pin_memory else item)
-        except Exception as e:  # noqa: BLE001 (raised again, unchanged, in the consumer)
+        except BaseException as e:  # noqa: BLE001 (raised again, unchanged, in the consumer: never leave it waiting)
             queues[w].put(_Raised(e))
         finally:
-            source.close() if hasattr(source, "close") else None
+            if source is not None and hasattr(source, "close"):
+                source.close()
 
     threads = [threading.Thread(target=work, args=(w,), name=f"zerograph-prefetch-{w}", daemon=True) for w in range(workers)]
     for th in threads:
@@ -172,7 +174,13 @@ def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_me
         k = 0
         while True:
             w = k % workers
-            item = queues[w].get()
+            while True:  # a worker that died without handing anything over must not hang the consumer
+                try:
+                    item = queues[w].get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if not threads[w].is_alive() and queues[w].empty():
+                        raise RuntimeError(f"prefetch worker {w} ended without an item, an end or an error") from None
             if item is _END:
                 return
             slots[w].release()
@@ -225,9 +233,12 @@ def block_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
                   mode: str = "thread") -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
     """:func:`store_batches` of ``reader``, read ``ahead`` batches ahead by each of ``workers``
     worker threads or processes (``mode``) that open the store themselves (:func:`prefetch`), or
-    in this thread with ``ahead`` = 0."""
+    in this thread with ``ahead`` = 0. A format-3 store is always read ahead by processes (h5py
+    holds the GIL through each of its Fletcher32-filtered reads)."""
     if ahead <= 0:
         return store_batches(reader, b_in, b_out, n, seed, batch_size, start, steps)
+    if mode == "thread" and reader.version < 4:  # format 3: h5py holds the GIL through each read
+        mode = "process"
     if mode == "thread":  # each worker thread's reader fills page-locked memory itself: no second copy
         return prefetch(partial(store_batches, str(reader.root), b_in, b_out, n, seed, batch_size, start, steps,
                                 pin_memory=pin_memory), ahead, False, workers, mode)

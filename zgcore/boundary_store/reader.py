@@ -268,9 +268,13 @@ class BoundaryReader:
                 self._raw[key] = (os.open(self._files[key].filename, os.O_RDONLY), *raw)
         if key in self._raw:
             fd, offset, row_bytes = self._raw[key]
-            want = dest.nbytes
-            try:
-                got = os.preadv(fd, [memoryview(dest).cast("B")], offset + row * row_bytes)
+            want, got, view = dest.nbytes, 0, memoryview(dest).cast("B")
+            try:  # a read may return fewer bytes than asked without being at the end of the file: read on
+                while got < want:
+                    k = os.preadv(fd, [view[got:]], offset + row * row_bytes + got)
+                    if not k:  # the end of the file: truncated
+                        break
+                    got += k
             except OSError as e:
                 raise BoundaryStoreError(f"boundary shard file {self._files[key].filename} could not be read ({e}); "
                                          "it is kept: rerun when the file system answers again") from e
