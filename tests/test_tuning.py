@@ -213,3 +213,20 @@ def test_presets_reach_their_tokens_per_parameter_with_the_search_at_the_full_bu
         lm = zl.build_local(run, 1025, 128)
         real = zl.tokens_per_parameter(sum(p.numel() for p in lm.model.parameters()), 1025, 32, tpp["tokens"])
         assert real == tpp and tpp["non_embedding_parameters"] == 98848
+
+
+def test_the_distill_preset_searches_every_arm_on_tuning_sequences_apart_from_its_test_sequences():
+    """19.8: the SmolLM2 distillation preset runs >= 2 seeds with every block's lr and both
+    end-to-end arms' lrs searched, and leaves validation sequences outside the test subset to tune on."""
+    from workflows import load_config
+    from workflows.distill import build_distill_study
+
+    cfg = load_config("", "", "distill", seeded_heal=True)
+    assert len(cfg["seeds"]) >= 2 and len(cfg["train"]["lrs"]) >= 3 and len(cfg["distill"]["lrs"]) >= 3
+    assert cfg["train"]["lr_rounds"] >= 2 and cfg["distill"]["lr_rounds"] >= 2 and cfg["heal"]["steps"] > 0
+    # 20% of the default corpus's ~440 sequences held out: 44 test sequences and as many to tune on
+    assert cfg["corpus"]["val_fraction"] == 0.2 and cfg["eval"]["max_sequences"] == 44
+    study = build_distill_study(cfg, "/nonexistent-outputs")
+    blocks = [t for report in study.requires() for t in report.requires()["blocks"]]  # one study per seed
+    assert len(blocks) == 3 * len(cfg["seeds"])
+    assert all(t.train["tune"] == {"max_sequences": 44, "subset_seed": 0} and t.train["lrs"] for t in blocks)
