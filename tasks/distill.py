@@ -294,7 +294,8 @@ class DistillStudyReport(_StudentTask):
     # 2: the report takes its gap and gates from zgcore.report (commit 3d0ea91)
     # 3: arm (d) end to end at the blockwise + healing budget; each arm's lr and lr search
     # 4: comparisons (paired bootstrap over held-out sequences), the arms' per_sequence_ce.json, eval.extra per arm
-    code_version = 4
+    # 5: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
+    code_version = 5
     uses_device = False  # reads the arms' results only
     eval = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(visibility=HIDDEN)

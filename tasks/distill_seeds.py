@@ -18,6 +18,8 @@ class DistillSeedsReport(ZGTask):
     blocks, end-to-end student and healing; the teacher cache is shared), then the arms' CE per
     seed and mean ± std, and comparisons pooled over seeds (``report.json``, ``report.md``)."""
 
+    # 2: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
+    code_version = 2
     uses_device = False  # reads the per-seed reports only
     teacher = luigi.Parameter()
     corpus = luigi.DictParameter(visibility=HIDDEN)

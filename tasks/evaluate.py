@@ -27,7 +27,8 @@ class Evaluate(_StudentTask):
     :mod:`zgcore.report`) and ``per_sequence_ce.json`` (:func:`zgcore.compare.save_scores`)."""
 
     # 2: random test subset (eval.max_sequences, eval.subset_seed), per-sequence CE, eval.extra corpora, comparisons
-    code_version = 2
+    # 3: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
+    code_version = 3
     eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
     heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,

@@ -269,7 +269,8 @@ class LocalStudyReport(ZGTask):
     # 2: tokens per parameter, the paper's findings, the lr column and the learning-rate sweep
     # 3: the lr search (every lr searched per configuration, edges, diverged candidates)
     # 4: seeds, comparisons (paired bootstrap over test sequences, pooled over seeds), findings from their verdicts
-    code_version = 4
+    # 5: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why"); the report's name (an arm's name overwrote it)
+    code_version = 5
     uses_device = False  # reads the EvaluateLocal results only
 
     tokenizer = luigi.Parameter()

@@ -44,6 +44,23 @@ def test_a_difference_within_the_noise_is_not_resolved_and_seeds_are_pooled_with
         compare.compare("a", "b", [a[0]], [b[0][:50]], [0])
 
 
+def test_seeds_that_disagree_in_sign_leave_a_narrow_pooled_interval_unresolved():
+    """The local-learning study's Transformer-vs-MLP head at K=4 (2026-12-01): pooled -0.012 with a
+    95% interval [-0.015, -0.009], but seed 0 said -0.061 and seed 1 +0.037. The bootstrap resamples
+    sequences, not training runs, so the sign was the seeds' to decide: not resolved."""
+    a0, b0 = _arms(seed=0, gap=-0.06, noise=0.05)  # _arms gives b = a + gap: b0 is 0.06 below a0
+    a1, b1 = _arms(seed=1, gap=0.04, noise=0.05)
+    c = compare.compare("t", "m", [b0, b1], [a0, a1], [0, 1])  # t - m: -0.06 on seed 0, +0.04 on seed 1
+    assert c["per_seed"][0] < 0 < c["per_seed"][1] and c["mean_diff"] == pytest.approx(-0.01, abs=0.002)
+    assert c["ci95"][1] < 0  # the pooled interval alone would call it ...
+    assert c["verdict"] == "not resolved" and c["why"] == "the seeds disagree in sign"  # ... but the seeds do not agree
+    assert "the seeds disagree in sign" in compare.sentence(c) and "seeds disagree" in compare.markdown([c])
+    agree = compare.compare("t", "m", [b0, b1 - 0.08], [a0, a1], [0, 1])  # both seeds below 0 now
+    assert agree["verdict"] == "a better" and agree["why"] is None
+    one = compare.compare("t", "m", [b0], [a0], [0])  # one seed: the interval decides alone
+    assert one["verdict"] == "a better" and one["why"] is None
+
+
 def test_the_bootstrap_is_reproducible_to_the_byte():
     a, b = _arms(gap=0.01, noise=0.2)
     one = json.dumps(compare.compare("a", "b", [a], [b], [0]), sort_keys=True)

@@ -14,8 +14,11 @@ sequences, averaged over seeds. Its 95% interval is a percentile bootstrap over 
 for every seed and both arms), with :data:`RESAMPLES` resamples from a fixed seed, so a report is
 reproducible to the byte. The verdict is ``"a better"`` when the whole interval lies below 0 (a's
 CE is lower), ``"b better"`` when it lies above 0, else ``"not resolved"``. The bootstrap treats
-the seeds as fixed; their spread is reported beside it (each seed's own mean difference and their
-sample standard deviation), since sequences, not training runs, are what it resamples.
+the seeds as fixed (sequences, not training runs, are what it resamples), so with several seeds a
+verdict also needs every seed's own mean difference on the interval's side of 0: when the seeds
+disagree in sign, the training runs' spread decides the sign and the comparison is "not resolved"
+however narrow the pooled interval (``why`` says which rule held it back). Their spread is reported
+beside it (each seed's own mean difference and their sample standard deviation).
 
 Source: the paired bootstrap for comparing two systems on one test set (Koehn, EMNLP 2004;
 Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993).
@@ -116,9 +119,10 @@ def compare(a: str, b: str, ce_a: Sequence[np.ndarray], ce_b: Sequence[np.ndarra
 
     Returns:
         ``{"a", "b", "mean_diff" (CE a minus CE b, nats/token, averaged over sequences and seeds),
-        "ci95": [lo, hi], "seeds" (list), "sequences" (n per seed), "verdict", "per_seed" (each
-        seed's mean difference), "seed_std" (their sample std; None for one seed), "resamples",
-        "method"}``.
+        "ci95": [lo, hi], "seeds" (list), "sequences" (n per seed), "verdict", "why" (for "not
+        resolved": "the interval contains 0" or "the seeds disagree in sign"; else None),
+        "per_seed" (each seed's mean difference), "seed_std" (their sample std; None for one
+        seed), "resamples", "method"}``.
 
     Raises:
         ValueError: no seed, arrays of different lengths, fewer than 2 sequences, or a non-finite CE.
@@ -145,8 +149,13 @@ def compare(a: str, b: str, ce_a: Sequence[np.ndarray], ce_b: Sequence[np.ndarra
                         n_resamples=int(resamples), paired=True, vectorized=True, confidence_level=LEVEL,
                         batch=BATCH, method="percentile", rng=np.random.default_rng(int(rng_seed)))
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    v, why = verdict(lo, hi), None
+    if v == NOT_RESOLVED:
+        why = "the interval contains 0"
+    elif len(per_seed) > 1 and not all((d < 0) if v == A_BETTER else (d > 0) for d in per_seed):
+        v, why = NOT_RESOLVED, "the seeds disagree in sign"
     return {"a": a, "b": b, "mean_diff": mean, "ci95": [lo, hi], "seeds": [int(s) for s in seeds], "sequences": int(n),
-            "verdict": verdict(lo, hi), "per_seed": per_seed,
+            "verdict": v, "why": why, "per_seed": per_seed,
             "seed_std": statistics.stdev(per_seed) if len(per_seed) > 1 else None, "resamples": int(resamples),
             "method": "paired percentile bootstrap over held-out sequences (scipy.stats.bootstrap), pooled over seeds"}
 
@@ -182,6 +191,9 @@ def sentence(c: Mapping[str, Any]) -> str:
         return f"{c['a']} beats {c['b']} (CE difference {ev})"
     if c["verdict"] == B_BETTER:
         return f"{c['b']} beats {c['a']} (CE difference {c['a']} minus {c['b']} {ev})"
+    if c.get("why") == "the seeds disagree in sign":
+        seeds = ", ".join(num(x, "+.4f") for x in c["per_seed"])
+        return f"{c['a']} vs {c['b']}: not resolved (the seeds disagree in sign: {seeds} per seed; pooled {ev})"
     return f"{c['a']} vs {c['b']}: not resolved (the interval contains 0: {ev})"
 
 
@@ -190,12 +202,14 @@ def markdown(comparisons: Sequence[Mapping[str, Any]]) -> str:
     (a first column names the held-out text when an entry has ``"held_out"``)."""
     where = any(c.get("held_out") for c in comparisons)
     rows = [([c.get("held_out") or "in-domain"] if where else []) + [c["a"], c["b"], num(c["mean_diff"], "+.4f"), f"[{num(c['ci95'][0], '+.4f')}, {num(c['ci95'][1], '+.4f')}]",
-             len(c["seeds"]), c["sequences"], f"**{c['verdict']}**",
+             len(c["seeds"]), c["sequences"], f"**{c['verdict']}**" + (" (seeds disagree)" if c.get("why") == "the seeds disagree in sign" else ""),
              ", ".join(num(x, "+.4f") for x in c["per_seed"]) if len(c["per_seed"]) > 1 else "—",
              num(c.get("seed_std"), ".4f")] for c in comparisons]
     head = (["held-out text"] if where else []) + ["a", "b", "CE a − b", "95% CI", "seeds", "sequences", "verdict", "per seed", "seed std"]
     n = comparisons[0]["resamples"] if comparisons else RESAMPLES
     return (table(head, rows) + "\n\nPaired bootstrap over held-out sequences (both arms scored on the same "
             f"sequences; {n} resamples from a fixed seed; pooled over seeds). A verdict needs the whole 95% interval "
-            "on one side of 0; \"not resolved\" means the data cannot tell the arms apart. \"seed std\" is the "
-            "seed-to-seed spread of the difference, which the interval does not include.")
+            "on one side of 0 and, with several seeds, every seed's own difference on that side; \"not resolved\" "
+            "means the data cannot tell the arms apart (\"seeds disagree\": the pooled interval excludes 0 but the "
+            "training runs do not agree on the sign). \"seed std\" is the seed-to-seed spread of the difference, "
+            "which the interval does not include.")

@@ -106,7 +106,8 @@ def paper_findings(comparisons: Sequence[Mapping[str, Any]]) -> dict[str, dict[s
       configuration measured (the best such one when both aux heads have it).
 
     A finding is ``"reproduced"`` when every comparison it needs has the verdict it claims, ``"not
-    reproduced"`` when one has the opposite verdict, ``"not resolved"`` when an interval contains 0.
+    reproduced"`` when one has the opposite verdict, ``"not resolved"`` when an interval contains 0
+    or the seeds disagree in sign (:func:`zgcore.compare.compare`).
 
     Returns:
         ``{name: {"status": "reproduced" | "not reproduced" | "not resolved" | "not measured",
@@ -202,10 +203,10 @@ def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[st
             arms.setdefault(arm_name(c), {})[c.get("seed", 0)] = r["scores"]["ce"]["model"]
         comparisons = compare_arms(compared_pairs(cells), arms)
     configs = []
-    for name in dict.fromkeys(r["arm"] for r in rows):
-        rs = [r for r in rows if r["arm"] == name]
+    for arm in dict.fromkeys(r["arm"] for r in rows):  # not `name`: that is the study's name, returned below
+        rs = [r for r in rows if r["arm"] == arm]
         ces, gaps = [r["held_out_ce"] for r in rs], [r["gap"] for r in rs]
-        configs.append({"arm": name, "K": rs[0]["K"], "aux": rs[0]["aux"], "mtp": rs[0]["mtp"],
+        configs.append({"arm": arm, "K": rs[0]["K"], "aux": rs[0]["aux"], "mtp": rs[0]["mtp"],
                         "seeds": [r["seed"] for r in rs], "held_out_ce": ces, "ce_mean": sum(ces) / len(ces),
                         "ce_std": _std(ces), "gap": sum(gaps) / len(gaps), "gap_std": _std(gaps),
                         "lr": [r["lr"] for r in rs]})
@@ -327,7 +328,7 @@ def _findings_lines(rep: Mapping[str, Any]) -> list[str]:
     rows = [[v["claim"], f"**{v['status']}**", v["detail"]] for v in f.values()]
     return ["## The paper's three findings", "",
             "Each judged on the comparisons above: reproduced only when every comparison it needs has the verdict it "
-            "claims; not resolved when an interval contains 0.", "",
+            "claims; not resolved when an interval contains 0 or the seeds disagree in sign.", "",
             table(["finding", "here", "evidence (CE difference, nats/token, 95% CI)"], rows), ""]
 
 
