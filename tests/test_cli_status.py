@@ -89,7 +89,7 @@ def test_every_run_ends_with_the_report_path_a_no_op_rerun_too(built, tmp_path):
 
 def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
     out = tmp_path / "o"
-    cfg = tiny_cfg(**{"train.max_steps": 4000, "train.checkpoint_every": 20})
+    cfg = tiny_cfg(**{"train.max_steps": 1500, "train.checkpoint_every": 20})
     p = subprocess.Popen(_luigi(out, cfg=cfg), cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     deadline = time.time() + 180
