@@ -132,7 +132,7 @@ class TrainBlock(Resumable, _TeacherTask):
             n_val = int(json.loads((req["cache"].out_dir / boundary_store.MANIFEST).read_text())["n_val"])
         else:
             n_val = int(corpus.read_meta(req["corpus"].out_dir / "tokens.h5")["n_val"])
-        tune_rows(n_val, dict(self.train.get("tune") or {}), f"train.lrs (block {self.block})")
+        search.tune_rows(n_val, dict(self.train.get("tune") or {}), f"train.lrs (block {self.block})")
 
     def train_once(self):
         """Train the block at ``train.lr`` and write its output."""
@@ -230,31 +230,21 @@ class ScoreBlock(_TeacherTask):
         meta = json.loads((req["block"].out_dir / "metrics.json").read_text())
         (block,) = load_blocks(layer_source(rec), [req["block"]])
         block = block.to(resolve(self.device))
-        tune = dict(self.train.get("tune") or {})
+        tune, who = dict(self.train.get("tune") or {}), f"train.lrs (block {self.block})"
         if self.train["targets"] == "online":  # the teacher over the tuning rows only (its loss scale comes from them too)
             val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
-            rows = tune_rows(len(val), tune, f"train.lrs (block {self.block})")
             source = boundary_store.OnlineBoundaries(load_base(rec, meta["end"], self.boundary["teacher_dtype"], self.device),
-                                                     val[rows], [meta["start"], meta["end"]], self.boundary["dtype"],
-                                                     int(self.boundary["batch_size"]))
-            rows = None
+                                                     val[search.tune_rows(len(val), tune, who)], [meta["start"], meta["end"]],
+                                                     self.boundary["dtype"], int(self.boundary["batch_size"]))
+            rows = None  # the source holds the tuning rows only
         else:
             source = boundary_store.BoundaryReader(req["cache"].out_dir)
-            rows = tune_rows(source.n("val"), tune, f"train.lrs (block {self.block})")
+            rows = search.tune_rows(source.n("val"), tune, who)
         with source:
             m = ztrain.val_loss(block, source, meta["start"], meta["end"], self.train, rows=rows)
         with self.building() as tmp:
             write_json(tmp / "score.json", {**m, "lr": float(self.train["lr"])})
         self.log(f"validation loss {m['val_loss']:.4f} over {m['sequences']} sequences")
-
-
-def tune_rows(n_val: int, tune, who: str):
-    """The validation rows an lr search scores on (:func:`zgcore.metrics.tune_subset` of the test
-    subset's settings ``tune``: ``{"max_sequences", "subset_seed"}``); raises ``ValueError`` (what
-    to set) when the test subset takes every validation sequence."""
-    from zgcore.metrics import tune_subset
-
-    return tune_subset(int(n_val), int(tune.get("max_sequences", 0)), int(tune.get("subset_seed", 0)), who)
 
 
 def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):

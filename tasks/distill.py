@@ -127,10 +127,8 @@ class DistillE2E(_DistillTask):
 
     def run(self):
         if self.distill.get("lrs"):
-            from zgcore.metrics import tune_subset
-
             n_val = int(corpus.read_meta(self.corpus_task().out_dir / "tokens.h5")["n_val"])  # fail before training
-            tune_subset(n_val, int(self.eval["max_sequences"]), int(self.eval["subset_seed"]), "distill.lrs")
+            search.tune_rows(n_val, self.eval, "distill.lrs")
             s, tasks = yield from search.run_search(*self._search(), who=f"DistillE2E {self.label()}",
                                                     hint="lower distill.lrs")
             best = self.candidate_task(s["best_lr"])

@@ -86,6 +86,16 @@ def run_search(grid: Sequence[float], rounds: int, make: Callable[[float], Any],
     return {**s, "results": results}, tasks
 
 
+def tune_rows(n_val: int, tune, who: str):
+    """The validation rows an lr search scores its candidates on: :func:`zgcore.metrics.tune_subset`
+    of the test subset's settings ``tune`` (``{"max_sequences", "subset_seed"}``, the eval section
+    or a block's ``train.tune``), int64 ``[rows]``. Raises ``ValueError`` naming ``who`` and what to
+    set when the test subset takes every validation sequence."""
+    from zgcore.metrics import tune_subset
+
+    return tune_subset(int(n_val), int(tune.get("max_sequences", 0)), int(tune.get("subset_seed", 0)), who)
+
+
 def copy_output(src: Path, dst: Path, names: Sequence[str]) -> None:
     """Copy the files or folders ``names`` of a finished candidate's output ``src`` into the
     output being built at ``dst`` (the searching task's result is its chosen candidate's)."""

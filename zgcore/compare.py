@@ -42,6 +42,7 @@ BOOTSTRAP_SEED = 20190  # fixed: the same data always give the same interval
 LEVEL = 0.95
 BATCH = 250  # resamples drawn at once: bounds memory (BATCH x seeds x sequences floats); fixed, as it orders the draws
 A_BETTER, B_BETTER, NOT_RESOLVED = "a better", "b better", "not resolved"
+CONTAINS_ZERO, SEEDS_DISAGREE = "the interval contains 0", "the seeds disagree in sign"  # why "not resolved"
 SCORES = "per_sequence_ce.json"  # every evaluation's per-sequence CE (nats/token), beside its summary
 
 
@@ -151,9 +152,9 @@ def compare(a: str, b: str, ce_a: Sequence[np.ndarray], ce_b: Sequence[np.ndarra
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
     v, why = verdict(lo, hi), None
     if v == NOT_RESOLVED:
-        why = "the interval contains 0"
+        why = CONTAINS_ZERO
     elif len(per_seed) > 1 and not all((d < 0) if v == A_BETTER else (d > 0) for d in per_seed):
-        v, why = NOT_RESOLVED, "the seeds disagree in sign"
+        v, why = NOT_RESOLVED, SEEDS_DISAGREE
     return {"a": a, "b": b, "mean_diff": mean, "ci95": [lo, hi], "seeds": [int(s) for s in seeds], "sequences": int(n),
             "verdict": v, "why": why, "per_seed": per_seed,
             "seed_std": statistics.stdev(per_seed) if len(per_seed) > 1 else None, "resamples": int(resamples),
@@ -191,7 +192,7 @@ def sentence(c: Mapping[str, Any]) -> str:
         return f"{c['a']} beats {c['b']} (CE difference {ev})"
     if c["verdict"] == B_BETTER:
         return f"{c['b']} beats {c['a']} (CE difference {c['a']} minus {c['b']} {ev})"
-    if c.get("why") == "the seeds disagree in sign":
+    if c.get("why") == SEEDS_DISAGREE:
         seeds = ", ".join(num(x, "+.4f") for x in c["per_seed"])
         return f"{c['a']} vs {c['b']}: not resolved (the seeds disagree in sign: {seeds} per seed; pooled {ev})"
     return f"{c['a']} vs {c['b']}: not resolved (the interval contains 0: {ev})"
@@ -202,7 +203,7 @@ def markdown(comparisons: Sequence[Mapping[str, Any]]) -> str:
     (a first column names the held-out text when an entry has ``"held_out"``)."""
     where = any(c.get("held_out") for c in comparisons)
     rows = [([c.get("held_out") or "in-domain"] if where else []) + [c["a"], c["b"], num(c["mean_diff"], "+.4f"), f"[{num(c['ci95'][0], '+.4f')}, {num(c['ci95'][1], '+.4f')}]",
-             len(c["seeds"]), c["sequences"], f"**{c['verdict']}**" + (" (seeds disagree)" if c.get("why") == "the seeds disagree in sign" else ""),
+             len(c["seeds"]), c["sequences"], f"**{c['verdict']}**" + (" (seeds disagree)" if c.get("why") == SEEDS_DISAGREE else ""),
              ", ".join(num(x, "+.4f") for x in c["per_seed"]) if len(c["per_seed"]) > 1 else "—",
              num(c.get("seed_std"), ".4f")] for c in comparisons]
     head = (["held-out text"] if where else []) + ["a", "b", "CE a − b", "95% CI", "seeds", "sequences", "verdict", "per seed", "seed std"]

@@ -239,11 +239,11 @@ def block_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
         return store_batches(reader, b_in, b_out, n, seed, batch_size, start, steps)
     if mode == "thread" and reader.version < 4:  # format 3: h5py holds the GIL through each read
         mode = "process"
-    if mode == "thread":  # each worker thread's reader fills page-locked memory itself: no second copy
-        return prefetch(partial(store_batches, str(reader.root), b_in, b_out, n, seed, batch_size, start, steps,
-                                pin_memory=pin_memory), ahead, False, workers, mode)
-    return prefetch(partial(store_batches, str(reader.root), b_in, b_out, n, seed, batch_size, start, steps), ahead,
-                    pin_memory, workers, mode)
+    # a worker thread's reader fills page-locked memory itself (no second copy); a worker process
+    # must not touch CUDA, so there the DataLoader pins what it hands over
+    in_reader = pin_memory and mode == "thread"
+    return prefetch(partial(store_batches, str(reader.root), b_in, b_out, n, seed, batch_size, start, steps,
+                            pin_memory=in_reader), ahead, pin_memory and not in_reader, workers, mode)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
