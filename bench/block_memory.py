@@ -1,4 +1,4 @@
-"""Peak resident memory of a real ``TrainBlock`` task as the teacher deepens (issue 10, item 2).
+"""Peak resident memory of a real ``TrainBlock`` task as the teacher deepens.
 
 Two randomly initialised Llama teachers built from a config (no download), hidden 1024, 16 and
 64 layers, differ only in depth. Each experiment has the same first block (teacher layers 0-3,

@@ -1,4 +1,4 @@
-"""The tiny preset on a busy machine (issue 21): wall time of the README's one-minute command with one
+"""The tiny preset on a busy machine: wall time of the README's one-minute command with one
 core kept busy by another process, divided by its time on the same machine without that process.
 
     python bench/busy_machine.py [--repeats 3] [--json out.json]
@@ -10,7 +10,7 @@ machine's load over time hits both alike:
 
 * ``chosen``: threads chosen per task (zgcore.threads; 1 for the tiny model), no OMP_NUM_THREADS;
 * ``all cores``: ``--zerograph-threads <usable cores>``, torch's own default (one thread per core) — the
-  behaviour before issue 21.
+  behaviour before threads were chosen per task.
 
 "Busy" is one process spinning on one core (``while True: pass``) for the whole run.
 Target: chosen busy / chosen idle <= 1.5. The median and the minimum of ``--repeats`` runs are

@@ -1,10 +1,10 @@
 """Figure 1: cache build time / teacher forward-only time over the same tokens.
 
-The cache build is :func:`zgcore.boundary_store.build_store` (every shard: every boundary
+The cache build is :func:`zgcore.data.boundary_store.build_store` (every shard: every boundary
 captured, checked finite, rounded to the storage dtype, written to checksummed HDF5 with its
 SHA-256; then the join's manifest and statistics; atomic rename). The physical floor is the
 same teacher forwards with only the last boundary captured and nothing written
-(:func:`zgcore.adapters.capture_boundaries` with ``[n_layers]``), over the same rows with the
+(:func:`zgcore.models.adapters.capture_boundaries` with ``[n_layers]``), over the same rows with the
 same batch size.
 
 The two are interleaved batch by batch so that a neighbour's load on a shared machine hits both
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zgcore.adapters import capture_boundaries
-from zgcore.boundary_store import build_store
+from zgcore.models.adapters import capture_boundaries
+from zgcore.data.boundary_store import build_store
 
 
 def measure(teacher, tokens: dict[str, np.ndarray], boundaries: list[int], dtype: str, batch_size: int,

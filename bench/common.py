@@ -13,9 +13,10 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from zgcore import corpus
-from zgcore import teacher as zteacher
-from zgcore.config import DEFAULTS, kept_layers, resolve_boundaries
+from zgcore.data import corpus
+from zgcore.models import teacher as zteacher
+from zgcore.config.defaults import DEFAULTS
+from zgcore.models.shapes import kept_layers, resolve_boundaries
 
 
 def log(msg: str) -> None:
@@ -73,7 +74,7 @@ def plan_blocks(n_layers: int, num_blocks: int, t) -> tuple[list[int], list[list
 
 class InMemoryBoundaries:
     """The training split of two boundaries held as float32 tensors in memory, served with the
-    interface of :class:`zgcore.boundary_store.BoundaryReader` (``n``, ``stats``, ``batches``).
+    interface of :class:`zgcore.data.boundary_store.BoundaryReader` (``n``, ``stats``, ``batches``).
     It is the reference for "the same step on tensors already in memory"."""
 
     def __init__(self, reader, boundaries):
@@ -135,7 +136,7 @@ def random_teacher(path: str | os.PathLike, n_layers: int, hidden: int, intermed
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from zgcore.teacher import byte_tokenizer
+    from zgcore.models.teacher import byte_tokenizer
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -183,3 +184,31 @@ def run_script(main, flag: str, child) -> None:
         child(sys.argv[2])
     else:
         sys.exit(main())
+
+
+def as_format_3(folder: Path) -> Path:
+    """Rewrite a format-4 store in place as format 3 wrote it (``h`` chunked one sequence a chunk
+    with Fletcher32, no ``xxh3``; the manifest's and shards' sizes, SHA-256 and format version
+    updated), so that the reader's format-3 path can be tested and measured; returns ``folder``."""
+    import json
+
+    import h5py
+
+    from zgcore.hashing import file_sha256
+
+    folder = Path(folder)
+    for f in folder.glob("shards/*/b*.h5"):
+        with h5py.File(f, "r") as h:
+            data = {k: h[k][...] for k in h if k != "xxh3"}
+        with h5py.File(f, "w") as h:
+            h.create_dataset("h", data=data["h"], chunks=(1, *data["h"].shape[1:]), fletcher32=True)
+            if "sumsq" in data:
+                h.create_dataset("sumsq", data=data["sumsq"], fletcher32=True)
+        for rec in (folder / "manifest.json", f.parent / "shard.json"):
+            m = json.loads(rec.read_text())
+            m["format_version"] = 3
+            entries = [m] if rec.name == "shard.json" else [sh for sh in m["shards"] if Path(sh["dir"]).name == f.parent.name]
+            for sh in entries:
+                sh["files"][f.stem].update(bytes=f.stat().st_size, sha256=file_sha256(f))
+            rec.write_text(json.dumps(m))
+    return folder

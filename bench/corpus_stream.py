@@ -29,7 +29,7 @@ if str(REPO) not in sys.path:
 
 def write_corpus(folder: Path, mb: float, file_kb: int = 100) -> int:
     """Fill ``folder`` with ``mb`` MB of stdlib source in ~``file_kb`` kB text files; returns bytes."""
-    from zgcore.sources import stdlib_files
+    from zgcore.data.sources import stdlib_files
 
     folder.mkdir(parents=True, exist_ok=True)
     want, total, i, buf = int(mb * 1e6), 0, 0, []
@@ -51,8 +51,8 @@ def write_corpus(folder: Path, mb: float, file_kb: int = 100) -> int:
 
 def child(spec: dict) -> dict:
     """Tokenise one corpus (``streaming`` through PrepareCorpus, or ``at-once`` in memory)."""
-    from zgcore import corpus as zc
-    from zgcore.config import DEFAULTS
+    from zgcore.data import corpus as zc
+    from zgcore.config.experiment import DEFAULTS
 
     c = {**DEFAULTS["corpus"], "source": spec["source"], "seq_len": 128, "buffer_tokens": spec["buffer_tokens"]}
     if spec["mode"] == "streaming":

@@ -1,4 +1,4 @@
-"""The boundary store's input pipeline (issue 18), as ratios measured in one run on this machine.
+"""The boundary store's input pipeline, as ratios measured in one run on this machine.
 
     python bench/data_feed.py            # hidden 576 (SmolLM2), 256 x 256-token sequences per boundary, ~5 min
     python bench/data_feed.py --quick    # the same shapes, 48 sequences, fewer repeats (under a minute)
@@ -6,7 +6,7 @@
 A randomly initialised one-layer Llama of the store's hidden size (no download) writes a store of
 boundaries 0 and 1 per storage dtype (float32, bfloat16, float16; format 4: contiguous, an xxh3_64
 per sequence) in a temporary folder, and a copy of each rewritten as format 3 wrote it (one chunk
-per sequence, Fletcher32: the layout before issue 18's format change); everything is then read
+per sequence, Fletcher32: the layout before store format 4); everything is then read
 from the page cache.
 
 (a) ``read/raw <dtype> <ratio>``: the bytes :meth:`BoundaryReader.batches` delivers per second
@@ -23,7 +23,7 @@ from the page cache.
 (b) ``wait <step_ms> sync <fraction> prefetch <fraction>``: a consumer that spends a fixed time
     per batch (``time.sleep``, releasing the GIL as a thread waiting on an accelerator does)
     iterates the float32 store's batches (batch size 8) read synchronously and through
-    :func:`zgcore.feed.prefetch` (a worker process, ``train.prefetch`` default ahead): the share
+    :func:`zgcore.data.feed.prefetch` (a worker process, ``train.prefetch`` default ahead): the share
     of wall time from the first batch on that the consumer spends blocked on its next batch
     (target < 0.05 with prefetching wherever the reader alone is faster than the step; the
     reader alone's time per batch is printed). The wait for the first batch (a worker's start,
@@ -47,6 +47,8 @@ if str(REPO) not in sys.path:
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+from bench.common import as_format_3  # noqa: E402
 
 DTYPES = ("float32", "bfloat16", "float16")
 BATCH_SIZES = (8, 16, 32)
@@ -72,37 +74,11 @@ def parse(argv=None):
     return a
 
 
-def as_format_3(src: Path, dest: Path) -> Path:
-    """A copy of store ``src`` at ``dest`` rewritten as format 3 wrote it: ``h`` one chunk per
-    sequence with Fletcher32, no ``xxh3``; the records' sizes, SHA-256 and format version updated."""
-    import json
-
-    import h5py
-
-    from zgcore.hashing import file_sha256
-
-    shutil.copytree(src, dest)
-    man = json.loads((dest / "manifest.json").read_text())
-    man["format_version"] = 3
-    for sh in man["shards"]:
-        for name, entry in sh["files"].items():
-            f = (dest / sh["dir"]) / entry["name"]
-            with h5py.File(f, "r") as h:
-                data = {k: h[k][...] for k in h if k != "xxh3"}
-            with h5py.File(f, "w") as h:
-                h.create_dataset("h", data=data["h"], chunks=(1, *data["h"].shape[1:]), fletcher32=True)
-                if "sumsq" in data:
-                    h.create_dataset("sumsq", data=data["sumsq"], fletcher32=True)
-            entry.update(bytes=f.stat().st_size, sha256=file_sha256(f))
-    (dest / "manifest.json").write_text(json.dumps(man))
-    return dest
-
-
 def build(root: Path, a) -> dict:
     """One store per storage dtype from a random one-layer teacher; returns ``{dtype: path}`` and the teacher."""
     from bench.common import random_teacher
-    from zgcore.boundary_store import build_store
-    from zgcore.teacher import load
+    from zgcore.data.boundary_store import build_store
+    from zgcore.models.teacher import load
 
     random_teacher(root / "teacher", 1, a.hidden, 2 * a.hidden, heads=max(1, a.hidden // 64), kv_heads=1)
     model, _ = load({"path": str(root / "teacher")})
@@ -149,7 +125,7 @@ def store_read(reader, order: np.ndarray, batch_size: int) -> float:
 
 def read_ratios(stores: dict, a) -> dict:
     """Per dtype and batch size: store bytes/s over raw bytes/s (best of ``a.repeats``, interleaved)."""
-    from zgcore.boundary_store import BoundaryReader
+    from zgcore.data.boundary_store import BoundaryReader
 
     out = {}
     order = np.random.default_rng(1).permutation(a.sequences)
@@ -179,7 +155,7 @@ def read_ratios(stores: dict, a) -> dict:
 def _all_batches(path: str, order: np.ndarray, batch_size: int, passes: int, worker: int = 0, workers: int = 1):
     """Batches ``worker, worker + workers, ...`` of boundaries 0 and 1 in ``order``, repeated
     ``passes`` times, from a reader of its own (what a worker process runs)."""
-    from zgcore.boundary_store import BoundaryReader
+    from zgcore.data.boundary_store import BoundaryReader
 
     batches = [order[k: k + batch_size] for k in range(0, len(order), batch_size)] * passes
     with BoundaryReader(path) as r:
@@ -190,8 +166,8 @@ def _all_batches(path: str, order: np.ndarray, batch_size: int, passes: int, wor
 def wait_fractions(path: Path, a, ahead: int, mode: str) -> dict:
     """Per step time: the share of wall time a sleeping consumer waits for data, sync and prefetching
     with worker ``mode`` (``"thread"`` or ``"process"``, ``train.prefetch_mode``)."""
-    from zgcore.boundary_store import BoundaryReader
-    from zgcore.feed import prefetch
+    from zgcore.data.boundary_store import BoundaryReader
+    from zgcore.data.feed import prefetch
 
     order = np.random.default_rng(2).permutation(a.sequences)
     bs, out = 8, {}
@@ -229,9 +205,9 @@ def wait_fractions(path: Path, a, ahead: int, mode: str) -> dict:
 def identity(path: Path, model, a) -> bool:
     """A block trained with prefetch 0 and 3 on the float32 store: bitwise identical weights?"""
     from bench.common import train_settings
-    from zgcore.adapters import build_block
-    from zgcore.boundary_store import BoundaryReader
-    from zgcore.train import train_block
+    from zgcore.models.adapters import build_block
+    from zgcore.data.boundary_store import BoundaryReader
+    from zgcore.training.blocks import train_block
 
     weights = []
     for ahead in (0, 3):
@@ -244,7 +220,7 @@ def identity(path: Path, model, a) -> bool:
 
 
 def main(argv=None) -> int:
-    from zgcore.defaults import DEFAULTS
+    from zgcore.config.defaults import DEFAULTS
 
     a = parse(argv)
     ahead = a.prefetch if a.prefetch is not None else int(DEFAULTS["train"]["prefetch"])
@@ -254,7 +230,7 @@ def main(argv=None) -> int:
         print(f"stores: {a.sequences} sequences x {a.seq_len} tokens x hidden {a.hidden}, boundaries 0 and 1, "
               f"{', '.join(DTYPES)}", flush=True)
         stores, model = build(root, a)
-        old = {dtype: as_format_3(path, root / f"{dtype}-format3") for dtype, path in stores.items()}
+        old = {dtype: as_format_3(Path(shutil.copytree(path, root / f"{dtype}-format3"))) for dtype, path in stores.items()}
         before = read_ratios(old, a)
         ratios = read_ratios(stores, a)
         waits = {mode: wait_fractions(stores["float32"], a, ahead, mode) for mode in ("process", "thread")}

@@ -1,4 +1,4 @@
-"""The accelerator figure of issue 18: how busy one block's training keeps the device when its
+"""The accelerator figure of the input pipeline: how busy one block's training keeps the device when its
 batches come from the boundary store, against the same steps fed from memory.
 
     python bench/gpu_feed.py                 # on CUDA where there is one, else the CPU (a rehearsal)
@@ -15,7 +15,7 @@ three times from the same seed:
 * ``cached-prefetch``: read ahead by the prefetching worker (``train.prefetch`` default).
 
 For each, ``step_ms`` is the wall time per step and ``busy`` the share of it spent outside waiting
-for the batch (:class:`zgcore.loop.TrainLoop`'s ``compute_seconds`` over ``seconds``; on CUDA a step
+for the batch (:class:`zgcore.training.loop.TrainLoop`'s ``compute_seconds`` over ``seconds``; on CUDA a step
 ends with ``loss.item()``, so the device computes through that share and idles through the
 rest). The last lines are ``device <mode> step_ms <ms> busy <fraction>``, then whether the three
 runs gave bitwise identical weights. Run by ``scripts/device_check.sh`` on a lent GPU.
@@ -51,10 +51,10 @@ def parse(argv=None):
 
 def main(argv=None) -> int:
     from bench.common import InMemoryBoundaries, random_teacher, train_settings
-    from zgcore.adapters import build_block
-    from zgcore.boundary_store import BoundaryReader, build_store
-    from zgcore.config import kept_layers
-    from zgcore.teacher import load
+    from zgcore.models.adapters import build_block
+    from zgcore.data.boundary_store import BoundaryReader, build_store
+    from zgcore.models.shapes import kept_layers
+    from zgcore.models.teacher import load
 
     a = parse(argv)
     root = Path(tempfile.mkdtemp(prefix="gpu_feed-"))
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         runs, weights = {}, {}
         with BoundaryReader(root / "store") as r:
             memory = InMemoryBoundaries(r, [0, b_out])
-        from zgcore.train import train_block
+        from zgcore.training.blocks import train_block
 
         for mode, source, ahead in (("memory", lambda: memory, 0), ("cached-sync", lambda: BoundaryReader(root / "store"), 0),
                                     ("cached-prefetch", lambda: BoundaryReader(root / "store"), None)):

@@ -1,6 +1,6 @@
 """What checking every byte of a shard file costs: SHA-256 of the file (done once, when a task
 first opens it) against one training pass over it (batches of rows read through h5py with
-Fletcher32, as :class:`zgcore.boundary_store.BoundaryReader` reads them).
+Fletcher32, as :class:`zgcore.data.boundary_store.BoundaryReader` reads them).
 
     python bench/integrity_cost.py [--mb 256] [--batch 8]
 
@@ -24,7 +24,7 @@ if str(REPO) not in sys.path:
 
 
 def main() -> None:
-    from zgcore.boundary_store import from_storage
+    from zgcore.data.boundary_store import from_storage
     from zgcore.hashing import file_sha256
 
     ap = argparse.ArgumentParser()

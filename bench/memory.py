@@ -56,9 +56,9 @@ def child(spec_path: str) -> None:
     from transformers import AutoConfig
 
     from bench.common import proc_status_kb, reset_peak_rss
-    from zgcore.adapters import StudentBlock
-    from zgcore.boundary_store import BoundaryReader
-    from zgcore.train import block_seed, train_block
+    from zgcore.models.adapters import StudentBlock
+    from zgcore.data.boundary_store import BoundaryReader
+    from zgcore.training.blocks import block_seed, train_block
 
     spec = json.loads(Path(spec_path).read_text())
     rec = spec["record"]

@@ -62,8 +62,8 @@ def main(argv=None) -> int:
     from bench import cache_build, memory, train_step
     from bench.common import dump, load_teacher, log, plan_blocks, split_tokens, token_rows, train_settings
     from safetensors.torch import save_file
-    from zgcore.adapters import build_block
-    from zgcore.train import block_seed
+    from zgcore.models.adapters import build_block
+    from zgcore.training.blocks import block_seed
 
     t_start = time.perf_counter()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="zg-bench-"))

@@ -1,4 +1,4 @@
-"""Build scaling of the sharded teacher cache on luigid (issue 10, item 3).
+"""Build scaling of the sharded teacher cache on luigid.
 
 A randomly initialised Llama teacher built from a config (no download) and the default corpus
 cut into 128-token sequences give a cache of 8 shards: 7 training shards of 192 sequences and one
@@ -79,9 +79,9 @@ def main(argv=None) -> int:
     from bench import cache_build
     from bench.common import find_task, log, random_teacher
     from tests.luigid_util import free_port, start_luigid
-    from zgcore import corpus
-    from zgcore.config import resolve_boundaries
-    from zgcore.teacher_weights import load_base
+    from zgcore.data import corpus
+    from zgcore.models.shapes import resolve_boundaries
+    from zgcore.models.teacher_weights import load_base
 
     work = Path(a.workdir or tempfile.mkdtemp(prefix="zg-shardscale-"))
     ok = False

@@ -36,12 +36,15 @@ def main(argv=None) -> None:
 
     from tasks.teacher import PrepareCorpus, PrepareTeacher, teacher_record
     from workflows.experiment import load_config
-    from zgcore import corpus, metrics, teacher as zteacher
-    from zgcore.adapters import assemble, build_block
-    from zgcore.config import block_train_config, kept_layers, resolve_boundaries
+    from zgcore.data import corpus
+    from zgcore.evaluation import metrics
+    from zgcore.models import teacher as zteacher
+    from zgcore.models.adapters import assemble, build_block
+    from zgcore.config.experiment import block_train_config
+    from zgcore.models.shapes import kept_layers, resolve_boundaries
     from zgcore.markdown import num, table
-    from zgcore.channels import mlp_width
-    from zgcore.students import measure
+    from zgcore.models.channels import mlp_width
+    from zgcore.models.students import measure
 
     cfg = load_config(preset="default")
     pt = PrepareTeacher(teacher=cfg["teacher"], outputs=a.outputs)

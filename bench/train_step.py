@@ -1,11 +1,11 @@
 """Figures 2 and 3: what the data path costs a TrainBlock.
 
-Figure 2: per-step time of :func:`zgcore.train.train_block` reading from the boundary store
-(:class:`~zgcore.boundary_store.BoundaryReader`) / the same steps fed from tensors already in
+Figure 2: per-step time of :func:`zgcore.training.blocks.train_block` reading from the boundary store
+(:class:`~zgcore.data.boundary_store.BoundaryReader`) / the same steps fed from tensors already in
 memory (:class:`bench.common.InMemoryBoundaries`), on block 0.
 
 Figure 3: per block, the wall time of a TrainBlock with online targets
-(:class:`~zgcore.boundary_store.OnlineBoundaries`: statistics pass plus a teacher forward per
+(:class:`~zgcore.data.boundary_store.OnlineBoundaries`: statistics pass plus a teacher forward per
 batch) / the same block with cached targets (open the store, train). The cache build time over
 the per-experiment saving gives the break-even reuse count.
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from zgcore.adapters import build_block
-from zgcore.boundary_store import BoundaryReader, OnlineBoundaries
-from zgcore.train import block_seed, train_block
+from zgcore.models.adapters import build_block
+from zgcore.data.boundary_store import BoundaryReader, OnlineBoundaries
+from zgcore.training.blocks import block_seed, train_block
 
 from .common import InMemoryBoundaries, log
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check of issue 5 (acceptance 4), prepared to run on a lent GPU machine (device tool) that
+# The GPU check, prepared to run on a lent GPU machine (device tool) that
 # reaches no package registry. Stage the carried files here first with scripts/device_stage.sh, then
 # make two calls back to back (the machine stays warm only ~30 s between calls):
 #   1. carry [.device/teacher-1]                 command: bash scripts/device_check.sh stash
 #   2. carry [.device/teacher-2, .device/wheels] command: bash scripts/device_check.sh run
 # `run` rebuilds the SmolLM2 GGUF (sha256-checked), installs luigi and gguf from the carried wheels
 # if the image lacks them, runs the GPU tests (tests/test_device.py and the CUDA resume test), the
-# accelerator figure of issue 18 (bench/gpu_feed.py: one SmolLM2-shaped block's step time and
+# input pipeline's accelerator figure (bench/gpu_feed.py: one SmolLM2-shaped block's step time and
 # device-busy fraction fed from memory, from the store synchronously, and prefetching), then the
 # default experiment with device=cuda (the README's command plus `--set device=cuda`), and leaves
 # log.txt, report.json, report.md and nvidia-smi samples in $OUT.

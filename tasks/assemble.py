@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import luigi
 
-from zgcore.adapters import assemble
+from zgcore.models.adapters import assemble
 
 from .base import HIDDEN
 from .blocks import TrainBlock, load_blocks

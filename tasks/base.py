@@ -230,7 +230,7 @@ class ZGTask(luigi.Task):
         teacher = getattr(self, "teacher", None)
         if not isinstance(teacher, str):
             return None
-        from zgcore.teacher import describe
+        from zgcore.models.teacher import describe
 
         try:
             info = describe(teacher, self.outputs)

@@ -9,13 +9,14 @@ import json
 
 import luigi
 
-from zgcore import boundary_store, corpus, lr_search, students, train as ztrain
-from zgcore.adapters import build_block, head_logits
+from zgcore.data import boundary_store, corpus
+from zgcore.training import blocks as ztrain
+from zgcore.models import students
+from zgcore.models.adapters import build_block, head_logits
 from zgcore.atomic import write_json
-from zgcore.config import kept_layers, resolve_boundaries
+from zgcore.models.shapes import kept_layers, resolve_boundaries
 from zgcore.hashing import canonical
-from zgcore.loop import NonFiniteError
-from zgcore.memory import PeakRSS
+from zgcore.training.memory import PeakRSS
 
 from . import search
 from .base import HIDDEN
@@ -24,11 +25,11 @@ from .teacher import PrepareCorpus, _TeacherTask, teacher_record
 from .work import Resumable
 
 
-class TrainBlock(Resumable, _TeacherTask):
+class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
     """Train student block ``block`` (teacher layers [b_i, b_{i+1})) on boundary i → i+1.
 
     Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``.
-    With ``train.lrs`` (issue 19.3) it searches its peak lr (:mod:`zgcore.lr_search`; see :meth:`run`)."""
+    With ``train.lrs`` it searches its peak lr (:mod:`zgcore.training.lr_search`; see :meth:`run`)."""
 
     # 2: online targets come from load_base, which now runs each family with its own attention implementation
     code_version = 2
@@ -81,48 +82,23 @@ class TrainBlock(Resumable, _TeacherTask):
                           train={**dict(self.train), "lr": float(lr), "lrs": []}, candidate=True,
                           outputs=self.outputs, device=self.device)
 
-    def _search(self):
-        def make(lr):
-            c = self.candidate_task(lr)
-            return ScoreBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
-                              train=c.train, outputs=self.outputs, device=self.device)
+    def score_task(self, candidate: "TrainBlock") -> "ScoreBlock":
+        return ScoreBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
+                          train=candidate.train, outputs=self.outputs, device=self.device)
 
-        def score(t):
-            e = json.loads((t.out_dir / "score.json").read_text())
-            return {"score": e["val_loss"], "diverged": e.get("diverged")}
-        return [float(x) for x in self.train["lrs"]], int(self.train["lr_rounds"]), make, score
+    def score_of(self, task) -> dict:
+        e = json.loads((task.out_dir / "score.json").read_text())
+        return {"score": e["val_loss"], "diverged": e.get("diverged")}
 
-    def dynamic_upstream(self) -> list:
-        """With a search: every candidate's score that exists (read like static inputs)."""
-        return search.replay(*self._search())[2] if self.train.get("lrs") else []
+    def search_hint(self) -> str:
+        return f"lower train.lrs (or blocks.{self.block}.lrs)"
 
-    def run(self):
-        """Train the block; with ``train.lrs``, search its lr instead (each candidate a TrainBlock
-        of its own, scored by :class:`ScoreBlock`) and keep a copy of the chosen candidate's output
-        plus ``search.json`` (also in ``metrics.json`` as ``lr_search``, with ``lr``). A candidate
-        whose training diverges writes only ``diverged.json``."""
-        if self.train.get("lrs"):
-            self.check_tune_rows()
-            s, tasks = yield from search.run_search(*self._search(), who=f"TrainBlock {self.label()}",
-                                                    hint=f"lower train.lrs (or blocks.{self.block}.lrs)")
-            best = self.candidate_task(s["best_lr"])
-            record = search.search_record(s, tasks)
-            with self.building() as tmp:
-                search.copy_output(best.out_dir, tmp, ("block.safetensors", "init.safetensors",
-                                                       ztrain.LOSS_LOG, ztrain.FINAL_STATE))
-                # the chosen candidate's metrics, with the lr and its search (an experiment's report carries them)
-                m = json.loads((best.out_dir / "metrics.json").read_text())
-                write_json(tmp / "metrics.json", {**m, "lr": s["best_lr"], "lr_search": record})
-                write_json(tmp / "search.json", record)
-            self.log(f"chosen lr {s['best_lr']:g} ({lr_search.edge_note(s)}) of " + ", ".join(
-                f"{lr:g}: {'diverged' if v is None else f'{v:.4f}'}" for lr, v in zip(s["lrs"], s["scores"])))
-            return
-        try:
-            self.train_once()
-        except NonFiniteError as e:
-            if not self.candidate:
-                raise
-            search.record_divergence(self, self.train["lr"], e)
+    def keep_chosen(self, best, tmp, s, record) -> None:
+        search.copy_output(best.out_dir, tmp, ("block.safetensors", "init.safetensors", ztrain.LOSS_LOG, ztrain.FINAL_STATE))
+        # the chosen candidate's metrics, with the lr and its search (an experiment's report carries them)
+        m = json.loads((best.out_dir / "metrics.json").read_text())
+        write_json(tmp / "metrics.json", {**m, "lr": s["best_lr"], "lr_search": record})
+        write_json(tmp / "search.json", record)
 
     def check_tune_rows(self) -> None:
         """Before any candidate trains: the validation split has sequences outside the test
@@ -137,7 +113,7 @@ class TrainBlock(Resumable, _TeacherTask):
     def train_once(self):
         """Train the block at ``train.lr`` and write its output."""
         from zgcore.device import resolve
-        from zgcore.teacher_weights import layer_source, load_base, load_head
+        from zgcore.models.teacher_weights import layer_source, load_base, load_head
 
         rss = PeakRSS().start()  # this task's peak resident memory (the distillation study reports it)
         rec = teacher_record(self.teacher_task())
@@ -185,9 +161,9 @@ class TrainBlock(Resumable, _TeacherTask):
 
 class ScoreBlock(_TeacherTask):
     """The validation loss of one trained candidate block of an lr search
-    (:func:`zgcore.train.val_loss`: the block's regression loss on the boundary store's validation
+    (:func:`zgcore.training.blocks.val_loss`: the block's regression loss on the boundary store's validation
     split, or, with online targets, on the teacher's boundaries of the validation tokens), over
-    the validation sequences outside the test subset (``train.tune``, :func:`zgcore.metrics.tune_subset`:
+    the validation sequences outside the test subset (``train.tune``, :func:`zgcore.evaluation.metrics.tune_subset`:
     no lr is chosen on the sequences the CE is reported on); writes ``score.json``
     ``{"val_loss", "sequences"}`` or, for a diverged candidate, ``{"val_loss": null, "diverged": {...}}``."""
 
@@ -218,7 +194,7 @@ class ScoreBlock(_TeacherTask):
 
     def run(self):
         from zgcore.device import resolve
-        from zgcore.teacher_weights import layer_source, load_base
+        from zgcore.models.teacher_weights import layer_source, load_base
 
         req = self.requires()
         div = search.diverged(req["block"])

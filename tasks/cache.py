@@ -8,11 +8,11 @@ from typing import Any
 
 import luigi
 
-from zgcore import boundary_store, corpus
-from zgcore.config import resolve_boundaries
+from zgcore.data import boundary_store, corpus
+from zgcore.models.shapes import resolve_boundaries
 from zgcore.device import precision
 from zgcore.hashing import canonical, config_hash
-from zgcore.memory import PeakRSS
+from zgcore.training.memory import PeakRSS
 
 from .base import HIDDEN
 from .teacher import PrepareCorpus, _TeacherTask, teacher_record
@@ -50,7 +50,7 @@ class BoundaryShard(_CacheTask):
     ``shard.json``."""
 
     # 2: load_base runs each family with its own attention implementation (Gemma 2: eager, soft-capped)
-    # 3: format 4 files (h contiguous and unfiltered, an xxh3_64 per sequence; issue 18)
+    # 3: format 4 files (h contiguous and unfiltered, an xxh3_64 per sequence)
     code_version = 3
 
     split = luigi.Parameter(description="train | val")
@@ -71,7 +71,7 @@ class BoundaryShard(_CacheTask):
         return boundary_store.shard_problem(self.out_dir)
 
     def run(self):
-        from zgcore.teacher_weights import load_base
+        from zgcore.models.teacher_weights import load_base
 
         rss = PeakRSS().start()  # this shard task's peak resident memory (recorded in shard.json)
         rec = teacher_record(self.teacher_task())
@@ -90,7 +90,7 @@ class TeacherBoundary(_CacheTask):
     """The teacher cache: the join of its :class:`BoundaryShard` tasks (each a contiguous range of
     ``boundary.shard_sequences`` sequences). Writes the manifest (every shard's files with sizes
     and checksums, build times) and the per-channel statistics; presents the shards as one store
-    without copying them (:class:`zgcore.boundary_store.BoundaryReader` indexes the shard files).
+    without copying them (:class:`zgcore.data.boundary_store.BoundaryReader` indexes the shard files).
 
     The shards are known once the corpus is tokenised: then they are static requirements, which
     every worker of a luigid sees and shares; otherwise ``run`` yields them (Luigi's dynamic

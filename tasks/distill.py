@@ -1,4 +1,4 @@
-"""The distillation study (issue 14): its end-to-end arm ``DistillE2E`` (with ``EvaluateStudent``) and
+"""The distillation study: its end-to-end arm ``DistillE2E`` (with ``EvaluateStudent``) and
 its report ``DistillStudyReport``; the healing stage ``Heal`` is :mod:`tasks.heal`."""
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from typing import Any
 
 import luigi
 
-from zgcore import corpus, distill as zdistill, lr_search
+from zgcore.data import corpus
+from zgcore.training import distill as zdistill
 from zgcore.atomic import write_json, write_text
-from zgcore.compare import SCORES, check_same_sequences, load_scores, save_scores, scores_part
-from zgcore.distill_config import distill_hashed
-from zgcore.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
+from zgcore.evaluation.compare import SCORES, check_same_sequences, load_scores, save_scores, scores_part
+from zgcore.config.distill import distill_hashed
+from zgcore.training.loop import FINAL_STATE, LOSS_LOG
 
 from . import search
 from .assemble import _StudentTask
@@ -33,22 +34,24 @@ def read_metrics(task) -> dict[str, Any]:
     return json.loads((task.out_dir / "metrics.json").read_text())
 
 
-class DistillE2E(_DistillTask):
+class DistillE2E(search.SearchesLR, _DistillTask):
     """The distillation study's end-to-end arm: the blockwise arm's student before training (same
     kept layers, same initialisation), trained whole on the teacher's logits (and, with
     ``distill.hidden_weight`` > 0, its residual stream at every interior boundary) for as many
-    student layer-token passes as the blockwise arm (:func:`zgcore.distill.e2e_steps`) unless
+    student layer-token passes as the blockwise arm (:func:`zgcore.training.distill.e2e_steps`) unless
     ``distill.steps`` is set; with ``heal`` (``steps`` > 0) as many as the blockwise arm plus that
-    healing stage, whatever ``distill.steps`` says (issue 19.4: "healing beats e2e" at equal
-    compute). The teacher runs online; no boundary cache is needed.
+    healing stage, whatever ``distill.steps`` says (so that "healing beats e2e" is
+    judged at equal passes). The teacher runs online; no boundary cache is needed.
 
-    With ``distill.lrs`` (issue 19.3) the arm searches its lr (:mod:`zgcore.lr_search`): each
+    With ``distill.lrs`` the arm searches its lr (:mod:`zgcore.training.lr_search`): each
     candidate is a DistillE2E at one lr (``candidate=True``), trained at this arm's full budget
     and scored by held-out CE on the validation sequences outside the test subset (EvaluateStudent
     without context use, :func:`tune_eval`),
     yielded round by round as dynamic dependencies; this task's output is then a copy of the
     chosen candidate's plus ``search.json`` (every lr searched, its CE, edge, diverged ones). A
     candidate whose training diverges writes only ``diverged.json`` and loses."""
+
+    lr_section = "distill"
 
     # 2: distill.lrs (the search), the heal-matched budget, diverged candidates recorded
     code_version = 2
@@ -74,7 +77,7 @@ class DistillE2E(_DistillTask):
 
     def own_config(self):
         """Only what decides the result: the distill section, each block's student shape and
-        (for matched steps) step count (:func:`zgcore.distill.e2e_block_settings`), and where the
+        (for matched steps) step count (:func:`zgcore.training.distill.e2e_block_settings`), and where the
         boundaries lie (not how a cache would be stored: no cache is read)."""
         from zgcore.hashing import canonical
 
@@ -106,47 +109,30 @@ class DistillE2E(_DistillTask):
         return DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks, distill=d,
                           heal=self.heal, candidate=True, outputs=self.outputs, device=self.device)
 
-    def _search(self):
+    def score_task(self, candidate: "DistillE2E") -> "EvaluateStudent":
         if not self.eval:
             raise ValueError("DistillE2E with distill.lrs needs the experiment's eval section (eval=...) to score candidates")
+        return EvaluateStudent(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                               distill=candidate.distill, heal=self.heal, candidate=True, eval=tune_eval(self.eval),
+                               outputs=self.outputs, device=self.device)
 
-        def make(lr):
-            c = self.candidate_task(lr)
-            return EvaluateStudent(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                   distill=c.distill, heal=self.heal, candidate=True, eval=tune_eval(self.eval),
-                                   outputs=self.outputs, device=self.device)
+    def score_of(self, task) -> dict:
+        e = json.loads((task.out_dir / "eval.json").read_text())
+        return {"score": e["ce"], "diverged": e.get("diverged")}
 
-        def score(t):
-            e = json.loads((t.out_dir / "eval.json").read_text())
-            return {"score": e["ce"], "diverged": e.get("diverged")}
-        return [float(x) for x in self.distill["lrs"]], int(self.distill["lr_rounds"]), make, score
+    def check_tune_rows(self) -> None:
+        n_val = int(corpus.read_meta(self.corpus_task().out_dir / "tokens.h5")["n_val"])
+        search.tune_rows(n_val, self.eval, "distill.lrs")
 
-    def dynamic_upstream(self) -> list:
-        """With a search: every candidate's evaluation that exists (read like static inputs)."""
-        return search.replay(*self._search())[2] if self.distill.get("lrs") else []
+    def keep_chosen(self, best, tmp, s, record) -> None:
+        search.copy_output(best.out_dir, tmp, ("model", "metrics.json", LOSS_LOG, FINAL_STATE))
+        write_json(tmp / "search.json", record)
 
-    def run(self):
-        if self.distill.get("lrs"):
-            n_val = int(corpus.read_meta(self.corpus_task().out_dir / "tokens.h5")["n_val"])  # fail before training
-            search.tune_rows(n_val, self.eval, "distill.lrs")
-            s, tasks = yield from search.run_search(*self._search(), who=f"DistillE2E {self.label()}",
-                                                    hint="lower distill.lrs")
-            best = self.candidate_task(s["best_lr"])
-            with self.building() as tmp:
-                search.copy_output(best.out_dir, tmp, ("model", "metrics.json", LOSS_LOG, FINAL_STATE))
-                write_json(tmp / "search.json", search.search_record(s, tasks))
-            self.log(f"chosen lr {s['best_lr']:g} ({lr_search.edge_note(s)}) of " + ", ".join(
-                f"{lr:g}: {'diverged' if ce is None else f'{ce:.4f}'}" for lr, ce in zip(s["lrs"], s["scores"])))
-            return
-        try:
-            super().run()
-        except NonFiniteError as e:
-            if not self.candidate:
-                raise
-            search.record_divergence(self, self.distill["lr"], e)
+    def train_once(self) -> None:
+        _DistillTask.run(self)
 
     def start_student(self, teacher):
-        from zgcore.config import resolve_boundaries
+        from zgcore.models.shapes import resolve_boundaries
 
         n_train = int(corpus.read_meta(self.corpus_task().out_dir / "tokens.h5")["n_train"])
         bounds = resolve_boundaries(self.boundary, len(zdistill_layers(teacher)))
@@ -183,14 +169,14 @@ def arm_lr(task, configured: float) -> dict:
 
 def tune_eval(ev) -> dict:
     """How an lr search's candidates are scored: the experiment's eval settings without context use,
-    on the validation sequences outside the test subset (``tune``; :func:`zgcore.metrics.tune_subset`)."""
+    on the validation sequences outside the test subset (``tune``; :func:`zgcore.evaluation.metrics.tune_subset`)."""
     return {**dict(ev), "context_sequences": 0, "tune": True}
 
 
 def importance_task(task):
     """The teacher's layer and channel measurements the blocks' students are chosen by (the same
     ``LayerImportance`` task the TrainBlocks read), or ``None`` when no block uses them."""
-    from zgcore import students
+    from zgcore.models import students
 
     from .students import layer_importance
 
@@ -200,7 +186,7 @@ def importance_task(task):
 
 def zdistill_layers(model):
     """The decoder layers of a causal LM."""
-    from zgcore.adapters import adapter_for
+    from zgcore.models.adapters import adapter_for
 
     return adapter_for(model).decoder_layers(model)
 
@@ -211,7 +197,7 @@ class EvaluateStudent(_StudentTask):
     for a search candidate) on every ``eval.extra`` corpus; writes ``eval.json`` (``{"ce": null,
     "diverged": {...}}`` for a diverged search candidate) and ``per_sequence_ce.json`` (key ``student``).
     A search candidate (``eval.tune``, :func:`tune_eval`) is scored on the validation sequences
-    outside that test subset instead (:func:`zgcore.metrics.tune_subset`): no lr is chosen on the
+    outside that test subset instead (:func:`zgcore.evaluation.metrics.tune_subset`): no lr is chosen on the
     sequences the arms' CE is reported on."""
 
     # 2: random test subset (eval.max_sequences, eval.subset_seed), per-sequence CE, eval.extra corpora
@@ -243,7 +229,7 @@ class EvaluateStudent(_StudentTask):
         import torch
         from transformers import AutoModelForCausalLM
 
-        from zgcore import compare, heldout_score, metrics
+        from zgcore.evaluation import compare, heldout_score, metrics
 
         from .heldout import read_held_out
 
@@ -289,7 +275,7 @@ class DistillStudyReport(_StudentTask):
     searched and whether the choice sits at an edge). Arms (a) and (c) are the experiment's own
     Evaluate tasks (without and with ``heal``), so a finished experiment's blocks are reused."""
 
-    # 2: the report takes its gap and gates from zgcore.report (commit 3d0ea91)
+    # 2: the report takes its gap and gates from zgcore.evaluation.report (commit 3d0ea91)
     # 3: arm (d) end to end at the blockwise + healing budget; each arm's lr and lr search
     # 4: comparisons (paired bootstrap over held-out sequences), the arms' per_sequence_ce.json, eval.extra per arm
     # 5: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
@@ -325,7 +311,7 @@ class DistillStudyReport(_StudentTask):
         return "distill-study"
 
     def _e2e_arm(self, name, ev_task, model_task, ce_u, ce_t, t_cu, g, seq):
-        from zgcore import distill_report
+        from zgcore.evaluation import distill_report
 
         b = json.loads((ev_task.out_dir / "eval.json").read_text())
         m = read_metrics(model_task)
@@ -336,7 +322,7 @@ class DistillStudyReport(_StudentTask):
                                   lrs={"e2e": arm_lr(model_task, float(self.distill["lr"]))})
 
     def run(self):
-        from zgcore import distill_report
+        from zgcore.evaluation import distill_report
 
         req = self.requires()
         a = json.loads((req["blockwise"].out_dir / "report.json").read_text())

@@ -1,4 +1,4 @@
-"""DistillSeedsReport: the distillation study over several seeds (issue 19), one
+"""DistillSeedsReport: the distillation study over several seeds, one
 :class:`~tasks.distill.DistillStudyReport` per seed and their comparisons pooled."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import luigi
 
 from zgcore.atomic import write_json, write_text
-from zgcore.compare import SCORES, check_same_sequences, load_scores
+from zgcore.evaluation.compare import SCORES, check_same_sequences, load_scores
 
 from .base import HIDDEN, ZGTask
 from .distill import DistillStudyReport
@@ -40,7 +40,7 @@ class DistillSeedsReport(ZGTask):
         return "distill-seeds-" + "-".join(str(st["seed"]) for st in self.studies)
 
     def run(self):
-        from zgcore import distill_report
+        from zgcore.evaluation import distill_report
 
         seeds = [int(st["seed"]) for st in self.studies]
         reports = [json.loads((t.out_dir / "report.json").read_text()) for t in self.requires()]

@@ -6,10 +6,11 @@ import json
 
 import luigi
 
-from zgcore import corpus, heldout_score, metrics, plots, report as zreport
-from zgcore.adapters import assemble
+from zgcore.data import corpus
+from zgcore.evaluation import heldout_score, metrics, plots, report as zreport
+from zgcore.models.adapters import assemble
 from zgcore.atomic import write_json, write_text
-from zgcore.compare import SCORES, save_scores, scores_part, subset_digest
+from zgcore.evaluation.compare import SCORES, save_scores, scores_part, subset_digest
 
 from .assemble import Assemble, _StudentTask
 from .base import HIDDEN
@@ -24,7 +25,7 @@ class Evaluate(_StudentTask):
     """Held-out cross-entropy of the teacher, the untrained student and the assembled student, on
     the validation split (a seeded random subset of ``eval.max_sequences`` rows when set) and on
     every ``eval.extra`` corpus; writes ``report.json``, ``report.md`` (assembled by
-    :mod:`zgcore.report`) and ``per_sequence_ce.json`` (:func:`zgcore.compare.save_scores`)."""
+    :mod:`zgcore.evaluation.report`) and ``per_sequence_ce.json`` (:func:`zgcore.evaluation.compare.save_scores`)."""
 
     # 2: random test subset (eval.max_sequences, eval.subset_seed), per-sequence CE, eval.extra corpora, comparisons
     # 3: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")

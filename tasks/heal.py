@@ -1,4 +1,4 @@
-"""Healing (issue 14): ``Heal``, a short end-to-end logit-KD stage of the assembled student, and
+"""Healing: ``Heal``, a short end-to-end logit-KD stage of the assembled student, and
 ``_DistillTask``, the run it shares with the distillation study's end-to-end arm (:mod:`tasks.distill`)."""
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from typing import Any
 
 import luigi
 
-from zgcore import corpus, distill as zdistill
+from zgcore.data import corpus
+from zgcore.training import distill as zdistill
 from zgcore.atomic import write_json
-from zgcore.loop import FINAL_STATE, LOSS_LOG
+from zgcore.training.loop import FINAL_STATE, LOSS_LOG
+from zgcore.training.memory import PeakRSS
 
 from .assemble import Assemble, _StudentTask
 from .base import HIDDEN
@@ -24,7 +26,7 @@ def heal_hashed(h) -> dict[str, Any]:
 
 class _DistillTask(Resumable, _StudentTask):
     """Shared run of the end-to-end distillation tasks: train a student model on the teacher's
-    logits with :func:`zgcore.distill.distill` and save it as a Hugging Face folder ``model/``
+    logits with :func:`zgcore.training.distill.distill` and save it as a Hugging Face folder ``model/``
     with ``metrics.json`` (incl. ``peak_rss_mib``), ``loss_log.csv`` and ``train_state.pt``."""
 
     section = "heal"  # the configuration section of settings(), named in errors
@@ -33,7 +35,7 @@ class _DistillTask(Resumable, _StudentTask):
         return PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
 
     def settings(self) -> dict[str, Any]:
-        """The distillation settings (as :data:`zgcore.distill.HEAL_DEFAULTS`)."""
+        """The distillation settings (as :data:`zgcore.config.defaults.HEAL_DEFAULTS`)."""
         raise NotImplementedError
 
     def start_student(self, teacher):
@@ -41,7 +43,7 @@ class _DistillTask(Resumable, _StudentTask):
         raise NotImplementedError
 
     def run(self):
-        with zdistill.PeakRSS() as rss:
+        with PeakRSS() as rss:
             rec, (teacher, tok) = self.load_teacher()
             tokens = corpus.read_tokens(self.corpus_task().out_dir / "tokens.h5", "train")
             student, pairs, extra = self.start_student(teacher)

@@ -7,9 +7,10 @@ import sys
 import luigi
 import numpy as np
 
-from zgcore import heldout, heldout_score
+from zgcore.data import heldout
+from zgcore.evaluation import heldout_score
 from zgcore.atomic import write_json
-from zgcore.sources import stdlib_root
+from zgcore.data.sources import stdlib_root
 
 from .base import HIDDEN
 from .teacher import _TeacherTask, path_stamp, teacher_tokenizer
@@ -18,7 +19,7 @@ TOKENS = "tokens.npy"  # int32 [n, seq_len]
 
 
 class PrepareHeldOut(_TeacherTask):
-    """Tokenise one ``eval.extra`` corpus (:func:`zgcore.heldout_score.tokenize_extra`) into rows of
+    """Tokenise one ``eval.extra`` corpus (:func:`zgcore.evaluation.heldout_score.tokenize_extra`) into rows of
     ``seq_len`` tokens, every row held out: ``tokens.npy`` (int32 ``[n, seq_len]``) and
     ``meta.json`` (name, source, documents, characters, tokens, rows, fingerprint)."""
 
@@ -37,7 +38,7 @@ class PrepareHeldOut(_TeacherTask):
         elif src == "pydoc":
             stamps = [sys.version]
         else:
-            from zgcore.config import corpus_files
+            from zgcore.config.experiment import corpus_files
 
             stamps = [path_stamp(str(f)) for f in corpus_files({"source": src, "text_field": self.extra["text_field"]})]
         return {"extra": dict(self.extra), "seq_len": int(self.seq_len), "stamps": stamps}

@@ -1,14 +1,14 @@
-"""Greedy local learning graph (issue 6): PrepareTeacher (tokenizer only) → PrepareCorpus →
+"""Greedy local learning graph: PrepareTeacher (tokenizer only) → PrepareCorpus →
 PretrainLocal(config) → EvaluateLocal(config) → LocalStudyReport.
 
 Every PretrainLocal of a study reads the same token store with the same data seed, batch size
 and budget, so all configurations see the same tokens in the same order.
 
-With a learning-rate search (``study.lrs``, issues 14 and 19): for every configuration a
+With a learning-rate search (``study.lrs``): for every configuration a
 ChooseLocalLR that trains and scores one PretrainLocal + EvaluateLocal (tuning split: training
 sequences held out of every configuration's training) per candidate lr — the grid ``study.lrs``
 first, then up to ``study.lr_rounds - 1`` rounds of refinement/extension by
-:mod:`zgcore.lr_search` as dynamic dependencies — and writes ``choice.json`` → LocalStudyReport,
+:mod:`zgcore.training.lr_search` as dynamic dependencies — and writes ``choice.json`` → LocalStudyReport,
 which then asks for each configuration's final PretrainLocal (full budget, chosen lr; the tuning
 run itself when ``study.tune_fraction`` is 1, the default) and its EvaluateLocal on the test split
 as dynamic dependencies. A candidate whose training diverges is recorded (``diverged.json``) and loses.
@@ -21,9 +21,12 @@ import luigi
 
 import numpy as np
 
-from zgcore import compare, corpus, local as zlocal, lr_search, metrics
+from zgcore import local as zlocal
+from zgcore.evaluation import compare, metrics
+from zgcore.data import corpus
+from zgcore.training import lr_search
 from zgcore.atomic import write_json, write_text
-from zgcore.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
+from zgcore.training.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 from zgcore.threads import decoder_params
 
 from . import search
@@ -87,9 +90,9 @@ class PretrainLocal(Resumable, _LocalTask):
     ``metrics.json`` (tokens seen and their sha256, measured activation memory in both execution
     modes, losses, seconds). Checkpoints every ``checkpoint_every`` steps into
     ``<out_dir>.partial`` and resumes from there, bitwise-identical to an uninterrupted run; a
-    non-finite loss or gradient norm fails it at once (:class:`zgcore.loop.NonFiniteError`),
+    non-finite loss or gradient norm fails it at once (:class:`zgcore.training.loop.NonFiniteError`),
     except in a candidate of a learning-rate search (:func:`is_candidate`): there the output is
-    only ``diverged.json`` (lr, step, which value) and the search goes on without it (issue 20)."""
+    only ``diverged.json`` (lr, step, which value) and the search goes on without it."""
 
     def requires(self):
         return self.corpus_task()
@@ -187,10 +190,10 @@ class EvaluateLocal(_LocalTask):
 
 
 class ChooseLocalLR(_LocalTask):
-    """One configuration's learning rate, by the search of :mod:`zgcore.lr_search`: round 1 trains
+    """One configuration's learning rate, by the search of :mod:`zgcore.training.lr_search`: round 1 trains
     it at every lr of ``lrs`` (one PretrainLocal each, on ``tune_fraction`` of the budget) and
     scores each on the tuning split (EvaluateLocal, ``split="tune"``); each further round (at most
-    ``rounds`` in all) adds the candidates :func:`zgcore.lr_search.next_lrs` names — refining
+    ``rounds`` in all) adds the candidates :func:`zgcore.training.lr_search.next_lrs` names — refining
     around the best, extending past an edge — as dynamic dependencies (``yield`` in :meth:`run`),
     until the best lr is interior with neighbours at most 2x away. A candidate that diverged loses
     (``diverged.json``); the task fails only when every candidate diverged.

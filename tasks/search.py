@@ -1,10 +1,10 @@
-"""The learning-rate search in the Luigi graph (issue 19): every candidate lr is its own task,
+"""The learning-rate search in the Luigi graph: every candidate lr is its own task,
 and each round after the first is known only once the previous one is scored, so the tasks that
 search (``ChooseLocalLR``, a ``DistillE2E`` or ``TrainBlock`` with ``lrs``) ``yield`` the rounds
-as dynamic dependencies. The candidate logic itself is :mod:`zgcore.lr_search`.
+as dynamic dependencies. The candidate logic itself is :mod:`zgcore.training.lr_search`.
 
 A candidate task's output is either a trained run or, when its training diverged
-(:class:`zgcore.loop.NonFiniteError`), only ``diverged.json`` (:data:`DIVERGED`): the search
+(:class:`zgcore.training.loop.NonFiniteError`), only ``diverged.json`` (:data:`DIVERGED`): the search
 records it, it loses, and the search goes on.
 """
 from __future__ import annotations
@@ -14,8 +14,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from zgcore import lr_search
 from zgcore.atomic import write_json
+from zgcore.training import lr_search
+from zgcore.training.loop import NonFiniteError
 
 DIVERGED = "diverged.json"  # the whole output of a search candidate whose training diverged
 
@@ -66,7 +67,7 @@ def replay(grid: Sequence[float], rounds: int, make: Callable[[float], Any], sco
 def run_search(grid: Sequence[float], rounds: int, make: Callable[[float], Any], score: Callable[[Any], dict],
                who: str, hint: str) -> Iterator[list]:
     """Generator for a task's ``run``: ``yield``s each pending round, then returns (``StopIteration``
-    value, so ``s, tasks = yield from run_search(...)``) :func:`zgcore.lr_search.summary` plus
+    value, so ``s, tasks = yield from run_search(...)``) :func:`zgcore.training.lr_search.summary` plus
     ``"results"`` and the candidate tasks.
 
     Raises:
@@ -87,11 +88,11 @@ def run_search(grid: Sequence[float], rounds: int, make: Callable[[float], Any],
 
 
 def tune_rows(n_val: int, tune, who: str):
-    """The validation rows an lr search scores its candidates on: :func:`zgcore.metrics.tune_subset`
+    """The validation rows an lr search scores its candidates on: :func:`zgcore.evaluation.metrics.tune_subset`
     of the test subset's settings ``tune`` (``{"max_sequences", "subset_seed"}``, the eval section
     or a block's ``train.tune``), int64 ``[rows]``. Raises ``ValueError`` naming ``who`` and what to
     set when the test subset takes every validation sequence."""
-    from zgcore.metrics import tune_subset
+    from zgcore.evaluation.metrics import tune_subset
 
     return tune_subset(int(n_val), int(tune.get("max_sequences", 0)), int(tune.get("subset_seed", 0)), who)
 
@@ -112,3 +113,79 @@ def search_record(s: dict, tasks: Sequence[Any]) -> dict:
     each candidate's folder."""
     keep = ("grid", "lrs", "scores", "best_lr", "at_edge", "converged", "rounds", "max_rounds", "diverged")
     return {**{k: s[k] for k in keep}, "candidates": [str(t.out_dir) for t in tasks]}
+
+
+class SearchesLR:
+    """What a training task whose peak lr may be searched shares (``TrainBlock`` with ``train.lrs``,
+    ``DistillE2E`` with ``distill.lrs``): with ``lrs`` set, :meth:`run` searches — every candidate lr
+    its own task (:meth:`candidate_task`), scored by another (:meth:`score_task`, :meth:`score_of`),
+    rounds ``yield``ed as dynamic dependencies — then keeps the chosen candidate's output
+    (:meth:`keep_chosen`); without, it trains once (:meth:`train_once`), and a search candidate that
+    diverges completes with only ``diverged.json``. The settings with ``lr``, ``lrs`` and
+    ``lr_rounds`` are the parameter named :attr:`lr_section`.
+    """
+
+    lr_section = "train"  # the task's parameter holding lr, lrs and lr_rounds
+
+    def lr_settings(self):
+        """The mapping with ``lr``, ``lrs`` and ``lr_rounds`` (the :attr:`lr_section` parameter)."""
+        return getattr(self, self.lr_section)
+
+    def candidate_task(self, lr: float):
+        """This task at one peak lr, without a search."""
+        raise NotImplementedError
+
+    def score_task(self, candidate):
+        """The task that scores a candidate on the tuning rows."""
+        raise NotImplementedError
+
+    def score_of(self, task) -> dict:
+        """``{"score": float | None, "diverged": dict | None}`` of a finished :meth:`score_task`."""
+        raise NotImplementedError
+
+    def check_tune_rows(self) -> None:
+        """Before any candidate trains: raise ``ValueError`` saying what to set when no validation
+        sequence lies outside the test subset to score the candidates on."""
+        raise NotImplementedError
+
+    def search_hint(self) -> str:
+        """What to change when every candidate diverged."""
+        return f"lower {self.lr_section}.lrs"
+
+    def keep_chosen(self, best, tmp: Path, s: dict, record: dict) -> None:
+        """Write the searching task's output in ``tmp`` from its chosen candidate ``best``."""
+        raise NotImplementedError
+
+    def train_once(self) -> None:
+        """Train at ``lr`` and write the output."""
+        raise NotImplementedError
+
+    def _search(self):
+        def make(lr):
+            return self.score_task(self.candidate_task(lr))
+        sec = self.lr_settings()
+        return [float(x) for x in sec["lrs"]], int(sec["lr_rounds"]), make, self.score_of
+
+    def dynamic_upstream(self) -> list:
+        """With a search: every candidate's score that exists (read like static inputs)."""
+        return replay(*self._search())[2] if self.lr_settings().get("lrs") else []
+
+    def run(self):
+        """Train; with ``lrs``, search the lr instead and keep a copy of the chosen candidate's
+        output plus ``search.json``. A candidate whose training diverges writes only ``diverged.json``."""
+        sec = self.lr_settings()
+        if sec.get("lrs"):
+            self.check_tune_rows()
+            s, tasks = yield from run_search(*self._search(), who=f"{self.get_task_family()} {self.label()}",
+                                             hint=self.search_hint())
+            with self.building() as tmp:
+                self.keep_chosen(self.candidate_task(s["best_lr"]), tmp, s, search_record(s, tasks))
+            self.log(f"chosen lr {s['best_lr']:g} ({lr_search.edge_note(s)}) of " + ", ".join(
+                f"{lr:g}: {'diverged' if v is None else f'{v:.4f}'}" for lr, v in zip(s["lrs"], s["scores"])))
+            return
+        try:
+            self.train_once()
+        except NonFiniteError as e:
+            if not self.candidate:
+                raise
+            record_divergence(self, sec["lr"], e)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import luigi
 
-from zgcore import corpus, students
+from zgcore.data import corpus
+from zgcore.models import students
 from zgcore.atomic import write_json
 
 from .base import HIDDEN

@@ -5,9 +5,9 @@ import json
 
 import luigi
 
-from zgcore import plots, study
+from zgcore.evaluation import plots, study
 from zgcore.atomic import write_json, write_text
-from zgcore.compare import SCORES, check_same_sequences, load_scores
+from zgcore.evaluation.compare import SCORES, check_same_sequences, load_scores
 
 from .base import HIDDEN, ZGTask
 from .evaluate import Evaluate

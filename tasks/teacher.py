@@ -9,10 +9,11 @@ from typing import Any
 
 import luigi
 
-from zgcore import corpus, teacher as zteacher
+from zgcore.data import corpus
+from zgcore.models import teacher as zteacher
 from zgcore.atomic import write_json
-from zgcore.config import corpus_files
-from zgcore.sources import stdlib_root
+from zgcore.config.experiment import corpus_files
+from zgcore.data.sources import stdlib_root
 
 from .base import HIDDEN, ZGTask
 

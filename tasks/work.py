@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 class Resumable:
-    """Mixin for a :class:`~tasks.base.ZGTask` that trains on :class:`zgcore.loop.TrainLoop`.
+    """Mixin for a :class:`~tasks.base.ZGTask` that trains on :class:`zgcore.training.loop.TrainLoop`.
 
     Its checkpoints live in ``<out_dir>.partial`` (same folder, so a rerun by any worker of the
     same configuration resumes there). A failed run, non-finite values included, leaves the folder
@@ -30,15 +30,15 @@ class Resumable:
     def tensorboard_dir(self) -> Path:
         """This task's TensorBoard run: ``<outputs>/tensorboard/<family>/<label>-<hash>``, outside
         the atomic output folder so that it fills while the task runs."""
-        from zgcore.watch import tensorboard_dir
+        from zgcore.training.watch import tensorboard_dir
 
         return tensorboard_dir(self.outputs, self.get_task_family(), self.out_dir.name)
 
     def watchers(self, tensorboard: bool) -> list:
-        """The :class:`zgcore.loop.TrainLoop` callbacks of this task's run: a
-        :class:`zgcore.watch.TensorBoardWatch` writing to :attr:`tensorboard_dir` when
+        """The :class:`zgcore.training.loop.TrainLoop` callbacks of this task's run: a
+        :class:`zgcore.training.watch.TensorBoardWatch` writing to :attr:`tensorboard_dir` when
         ``tensorboard`` (the configuration's switch, never hashed) is true, else none."""
-        from zgcore.watch import TensorBoardWatch
+        from zgcore.training.watch import TensorBoardWatch
 
         return [TensorBoardWatch(self.tensorboard_dir)] if tensorboard else []
 

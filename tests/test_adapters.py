@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from zgcore.adapters import assemble, build_block, capture_boundaries, head_logits
-from zgcore.teacher import TINY_FAMILIES, load, materialise
+from zgcore.models.adapters import assemble, build_block, capture_boundaries, head_logits
+from zgcore.models.teacher import TINY_FAMILIES, load, materialise
 
 FAMILIES = list(TINY_FAMILIES.values())
 
@@ -97,8 +97,8 @@ def test_dropped_layers_keep_their_layer_types(load_tiny):
 def test_unsupported_architecture_names_it_and_lists_supported():
     from transformers import BertConfig
 
-    from zgcore.adapters import adapter_for
-    from zgcore.config import ConfigError
+    from zgcore.models.adapters import adapter_for
+    from zgcore.checks import ConfigError
 
     with pytest.raises(ConfigError, match=r"unsupported architecture 'bert'; supported: llama, .*gemma2.*granite.*gpt2"):
         adapter_for(BertConfig())

@@ -1,4 +1,4 @@
-"""Local auxiliary terms on ZeroGraph blocks (issue 14): next-token CE and MTP through the teacher's
+"""Local auxiliary terms on ZeroGraph blocks: next-token CE and MTP through the teacher's
 frozen head, their hashing (weight 0 = no change) and their validation."""
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from tests.conftest import tiny_cfg
-from zgcore import train as ztrain
-from zgcore.adapters import StudentBlock, head_logits, head_only
-from zgcore.boundary_store import OnlineBoundaries
-from zgcore.config import ConfigError
-from zgcore.objectives import aux_losses, offset_ce
-from zgcore.teacher import tiny_config
+from zgcore.data.order import data_order
+from zgcore.training import blocks as ztrain
+from zgcore.models.adapters import StudentBlock, head_logits, head_only
+from zgcore.data.boundary_store import OnlineBoundaries
+from zgcore.checks import ConfigError
+from zgcore.training.objectives import aux_losses, offset_ce
+from zgcore.models.teacher import tiny_config
 
 
 def test_ce_and_mtp_on_hand_computable_logits():
@@ -47,7 +48,7 @@ def test_zero_weights_are_not_hashed_and_positive_ones_are():
 
 
 def test_default_experiment_hashes_do_not_move():
-    """A TrainBlock without the new keys (as before issue 14) and one with their zero defaults share one hash."""
+    """A TrainBlock without the new keys (as before those keys existed) and one with their zero defaults share one hash."""
     from workflows import load_config
     from workflows.experiment import block_settings
     from tasks.blocks import TrainBlock
@@ -87,7 +88,7 @@ def test_train_block_adds_the_terms_on_the_right_tokens():
          "warmup_steps": 0, "weight_decay": 0.0, "grad_clip": 1.0, "ce_weight": 0.5, "mtp_weight": 0.25, "mtp_n": 3}
     with OnlineBoundaries(teacher, tokens, [1, 2], "float32", 4) as src:
         m = ztrain.train_block(block, src, 1, 2, t, seed=7, work=None, run_hash="x", head=head, tokens=tokens)
-        idx = ztrain.data_order(6, 7, 0)[:2]
+        idx = data_order(6, 7, 0)[:2]
         x, y = src.read("train", 1, idx), src.read("train", 2, idx)
         with torch.no_grad():
             logits = head(before(x))

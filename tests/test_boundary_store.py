@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from zgcore.boundary_store import (BoundaryReader, BoundaryStoreError, STATS_SEQUENCES, build_store, channel_rms,
+from zgcore.data.boundary_store import (BoundaryReader, BoundaryStoreError, STATS_SEQUENCES, build_store, channel_rms,
                                    join_shards, plan_shards)
-from zgcore.adapters import capture_boundaries
-from zgcore.teacher import load, materialise
+from zgcore.models.adapters import capture_boundaries
+from zgcore.models.teacher import load, materialise
+from bench.common import as_format_3
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def test_the_values_read_are_bitwise_those_written_for_every_storage_dtype(store
     """What the teacher produced, rounded once to the storage dtype, comes back bitwise in that
     dtype (not widened: the consumer widens on its device), and ``.float()`` of it is the float32
     round trip."""
-    from zgcore.boundary_store import TORCH_DTYPES, round_trip
+    from zgcore.data.boundary_store import TORCH_DTYPES, round_trip
 
     _, model, tokens = store
     build_store(tmp_path / dtype, model, tokens, [0, 4], dtype, 4, {}, shard_sequences=4, log=lambda m: None)
@@ -120,35 +121,13 @@ def test_the_values_read_are_bitwise_those_written_for_every_storage_dtype(store
                 assert not torch.equal(got.float(), ref[b][order])  # really rounded: the test can tell the dtypes apart
 
 
-def _as_format_3(folder):
-    """Rewrite a format-4 store in place as format 3 wrote it: ``h`` chunked one sequence a chunk
-    with Fletcher32, no ``xxh3``; the records' SHA-256 and format version updated."""
-    from zgcore.hashing import file_sha256
-
-    folder = Path(folder)
-    for f in folder.glob("shards/*/b*.h5"):
-        with h5py.File(f, "r") as h:
-            data = {k: h[k][...] for k in h if k != "xxh3"}
-        with h5py.File(f, "w") as h:
-            h.create_dataset("h", data=data["h"], chunks=(1, *data["h"].shape[1:]), fletcher32=True)
-            if "sumsq" in data:
-                h.create_dataset("sumsq", data=data["sumsq"], fletcher32=True)
-        for rec in (folder / "manifest.json", f.parent / "shard.json"):
-            m = json.loads(rec.read_text())
-            m["format_version"] = 3
-            entries = [m] if rec.name == "shard.json" else [sh for sh in m["shards"] if Path(sh["dir"]).name == f.parent.name]
-            for sh in entries:
-                sh["files"][f.stem].update(bytes=f.stat().st_size, sha256=file_sha256(f))
-            rec.write_text(json.dumps(m))
-
-
 def test_a_format_3_store_is_still_read_bitwise_and_an_unknown_format_is_refused_with_what_to_do(store, tmp_path):
     import shutil
 
     path, _, _ = store
     old = tmp_path / "old"
     shutil.copytree(path, old)
-    _as_format_3(old)
+    as_format_3(old)
     idx = [9, 3, 4, 5, 0, 8]
     with BoundaryReader(path) as new, BoundaryReader(old) as r:
         assert r.version == 3 and new.version == 4
@@ -204,7 +183,7 @@ def test_a_changed_sequence_whose_file_hash_was_updated_fails_its_xxh3_naming_th
 def test_a_teacher_that_produces_non_finite_boundaries_fails_the_build_and_online_targets(store, tmp_path):
     import copy
 
-    from zgcore.boundary_store import OnlineBoundaries
+    from zgcore.data.boundary_store import OnlineBoundaries
 
     _, model, tokens = store
     broken = copy.deepcopy(model)
@@ -283,15 +262,15 @@ def test_a_non_finite_stored_value_with_valid_checksums_fails_the_read_naming_th
     """The finiteness test runs on the stored bits of every dtype (16-bit: not widened first): a
     NaN or ±inf written into a shard with its checksums recomputed (so only that test can see it)
     fails the read naming the file; the finite value beside it and other shards read as before."""
-    from zgcore.boundary_store import TORCH_DTYPES
-    from zgcore.boundary_store.common import sequence_checksums
+    from zgcore.data.boundary_store import TORCH_DTYPES
+    from zgcore.data.boundary_store.common import sequence_checksums
     from zgcore.hashing import file_sha256
 
     _, model, tokens = store
     path = tmp_path / "s"
     build_store(path, model, tokens, [0, 2], dtype, 4, {}, shard_sequences=4, log=lambda m: None)
     if fmt == 3:
-        _as_format_3(path)
+        as_format_3(path)
     with BoundaryReader(path) as r:
         ref = r.read("train", 2, [0, 5])
     f = path / "shards" / "train-00000004" / "b2.h5"

@@ -1,4 +1,4 @@
-"""How a run ends and what `zerograph status` says (issue 21): status words judged from the task's own
+"""How a run ends and what `zerograph status` says: status words judged from the task's own
 folder, the report's path at the end of every run (a no-op rerun too), one line and exit 130 on
 Ctrl-C, one hash for every spelling of a local path, torch threads chosen per task."""
 import os
@@ -106,7 +106,7 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
 
 
 def test_relative_absolute_and_symlinked_teacher_paths_give_one_folder(tmp_path, monkeypatch):
-    from zgcore.teacher import build_tiny
+    from zgcore.models.teacher import build_tiny
 
     build_tiny("llama", tmp_path / "models" / "llama")
     (tmp_path / "link").symlink_to(tmp_path / "models")
@@ -176,9 +176,9 @@ def test_each_task_logs_its_thread_count(built, tmp_path):
 
 def test_max_tokens_says_what_it_left_unread(tmp_path):
     """corpus.max_tokens stops reading: the log names the cap and how many files were never opened."""
-    from zgcore import corpus
-    from zgcore.defaults import DEFAULTS
-    from zgcore.teacher import byte_tokenizer
+    from zgcore.data import corpus
+    from zgcore.config.defaults import DEFAULTS
+    from zgcore.models.teacher import byte_tokenizer
 
     for i in range(5):
         (tmp_path / f"{i}.txt").write_text(f"file {i} " * 200)  # ~1,400 bytes each

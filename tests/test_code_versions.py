@@ -14,11 +14,11 @@ def test_every_family_matches_its_recorded_code_version():
 def test_a_change_without_a_bump_is_caught_and_says_what_to_do():
     record = versions.current()
     record["TrainBlock"]["digest"] = "0" * 64  # as if TrainBlock's code had changed since it was recorded
-    record["TrainBlock"]["code"]["zgcore.loop"] = "0" * 16
+    record["TrainBlock"]["code"]["zgcore.training.loop"] = "0" * 16
     (msg,) = versions.problems(record)
     v = record["TrainBlock"]["version"]
     assert f"TrainBlock.code_version is still {v}: raise it to {v + 1} in tasks/blocks.py" in msg
-    assert "TrainBlock's code changed (zgcore/loop.py)" in msg and versions.COMMAND in msg
+    assert "TrainBlock's code changed (zgcore/training/loop.py)" in msg and versions.COMMAND in msg
     record["TrainBlock"]["version"] = v - 1  # bumped (v now) but not recorded: asks for the command only
     (msg,) = versions.problems(record)
     assert "is not recorded yet" in msg
@@ -31,12 +31,12 @@ def test_a_family_s_code_is_derived_from_its_imports_lazy_ones_included():
     assert not hasattr(ZGTask, "code_deps")
     code = versions.current()
     train = set(code["TrainBlock"]["code"])
-    # its own module, what it imports at the top (zgcore.train), lazily in run() (zgcore.teacher_weights),
-    # and further down (zgcore.loop via zgcore.train; zgcore.families via zgcore.adapters)
-    assert {"tasks.blocks", "zgcore.train", "zgcore.teacher_weights", "zgcore.loop", "zgcore.families", "zgcore",
+    # its own module, what it imports at the top (zgcore.training.blocks), lazily in run() (zgcore.models.teacher_weights),
+    # and further down (zgcore.training.loop via zgcore.training.blocks; zgcore.models.families via zgcore.models.adapters)
+    assert {"tasks.blocks", "zgcore.training.blocks", "zgcore.models.teacher_weights", "zgcore.training.loop", "zgcore.models.families", "zgcore",
             "tasks"} <= train
     assert "tasks.local" not in train and "zgcore.local.training" not in train  # another stage's code is not its code
-    assert "zgcore.sources" in code["PrepareCorpus"]["code"]  # how corpus files are read
+    assert "zgcore.data.sources" in code["PrepareCorpus"]["code"]  # how corpus files are read
     assert versions.closure("tasks.blocks") == sorted(train)
 
 
@@ -51,23 +51,23 @@ def test_an_edit_to_families_sources_or_objectives_fails_the_guard_in_a_copy_of_
     repo = tmp_path / "repo"
     for pkg in ("zgcore", "tasks"):
         shutil.copytree(versions.ROOT / pkg, repo / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    expect = {"zgcore/families.py": {"PrepareTeacher", "BoundaryShard", "TrainBlock", "Heal", "DistillE2E", "Evaluate"},
-              "zgcore/sources.py": {"PrepareCorpus", "TrainBlock", "PretrainLocal"},
-              "zgcore/objectives.py": {"TrainBlock", "DistillE2E", "Heal"}}
+    expect = {"zgcore/models/families.py": {"PrepareTeacher", "BoundaryShard", "TrainBlock", "Heal", "DistillE2E", "Evaluate"},
+              "zgcore/data/sources.py": {"PrepareCorpus", "TrainBlock", "PretrainLocal"},
+              "zgcore/training/objectives.py": {"TrainBlock", "DistillE2E", "Heal"}}
     script = f"""
 import json, pathlib
 from tasks import versions
 assert versions.ROOT == pathlib.Path.cwd(), versions.ROOT  # the copy's guard, reading the copy's files
 versions.write()
 out = {{"clean": versions.problems()}}
-for rel in {sorted(expect)!r}:
+for rel in {sorted(expect, key=lambda r: r == 'zgcore/data/sources.py')!r}:  # sources.py last: it keeps its probe
     f = pathlib.Path(rel)
     text = f.read_text()
     f.write_text(text + "\\n# a comment changes no output\\n")
     out[rel + " comment"] = versions.problems()
     f.write_text(text + "\\n_GUARD_PROBE = 1\\n")
     out[rel] = versions.problems()
-    if rel != "zgcore/sources.py":
+    if rel != "zgcore/data/sources.py":
         f.write_text(text)
 print(json.dumps(out))
 """
@@ -80,10 +80,10 @@ print(json.dumps(out))
         lines = [line for line in out[rel] if "'s code changed" in line]
         assert families <= {line.split("'s code changed")[0] for line in lines}, (rel, out[rel])
         assert all(rel in line for line in lines), out[rel]  # each message names the module that changed
-    # the command itself fails while zgcore/sources.py still carries its extra line
+    # the command itself fails while zgcore/data/sources.py still carries its extra line
     r = subprocess.run([sys.executable, "-m", "tasks.versions"], cwd=repo, env=env, capture_output=True, text=True,
                        timeout=300)
-    assert r.returncode == 1 and "PrepareCorpus's code changed (zgcore/sources.py)" in r.stdout
+    assert r.returncode == 1 and "PrepareCorpus's code changed (zgcore/data/sources.py)" in r.stdout
 
 
 def test_code_version_and_precision_move_the_hash_but_the_device_index_does_not(tmp_path, monkeypatch):

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import tiny_cfg
-from zgcore import compare
-from zgcore.metrics import eval_subset, tune_subset
+from zgcore.evaluation import compare
+from zgcore.evaluation.metrics import eval_subset, tune_subset
 
 FIELDS = {"a", "b", "mean_diff", "ci95", "seeds", "sequences", "verdict"}
 
@@ -89,7 +89,7 @@ def test_lr_searches_score_outside_the_test_subset_and_refuse_when_nothing_is_le
 
 
 def test_stdlib_docstrings_is_deterministic_text():
-    from zgcore.corpus import read_texts
+    from zgcore.data.corpus import read_texts
 
     docs = read_texts({"source": "stdlib-docstrings", "text_field": "text"})
     assert len(docs) >= 10 and sum(len(t) for _, t in docs) > 30_000
@@ -99,7 +99,7 @@ def test_stdlib_docstrings_is_deterministic_text():
 
 def test_eval_extra_is_checked_at_construction():
     from workflows.experiment import load_config
-    from zgcore.config import ConfigError
+    from zgcore.checks import ConfigError
 
     with pytest.raises(ConfigError, match="part of the training corpus python-stdlib"):
         load_config(overrides=tiny_cfg(**{"corpus.source": "python-stdlib", "eval.extra": "[stdlib-docstrings]"}), preset="")
@@ -158,7 +158,7 @@ def test_seeds_extra_corpus_and_random_subset_end_to_end(tmp_path, run_graph):
     plain = build_experiment(load_config(overrides=tiny_cfg(**{"seeds": "[0,1]"}), preset=""), str(tmp_path))
     uids = lambda r: sorted(t.uid for t in walk(r) if t.get_task_family() in ("TrainBlock", "TeacherBoundary"))
     assert uids(plain) == uids(root)
-    from zgcore.corpus import read_tokens
+    from zgcore.data.corpus import read_tokens
 
     train = {row.tobytes() for row in read_tokens(next(tmp_path.glob("PrepareCorpus/*/tokens.h5")), "train").astype(np.int64)}
     held = np.load(extra_task.out_dir / "tokens.npy").astype(np.int64)
@@ -166,7 +166,7 @@ def test_seeds_extra_corpus_and_random_subset_end_to_end(tmp_path, run_graph):
 
 
 def test_the_quality_gate_needs_the_verdict_not_only_the_point_estimates():
-    from zgcore.report import experiment_report
+    from zgcore.evaluation.report import experiment_report
 
     r = np.random.default_rng(2)
     untrained = r.normal(5.0, 1.0, 40)

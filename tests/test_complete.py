@@ -9,7 +9,7 @@ from tests.conftest import tiny_cfg
 from workflows import RunExperiment
 from workflows.cli import walk
 from workflows.experiment import build_experiment, load_config
-from zgcore import train as ztrain
+from zgcore.training import blocks as ztrain
 
 CFG = tiny_cfg(**{"train.max_steps": 3, "eval.context_sequences": 1, "eval.max_sequences": 4})
 
@@ -87,7 +87,7 @@ def test_outputs_carry_the_umask_permissions(finished):
 
     old = os.umask(0o022)
     try:
-        from zgcore.train import save_weights
+        from zgcore.training.blocks import save_weights
 
         save_weights(finished / "w.safetensors", {"a": torch.zeros(2)})
         assert (finished / "w.safetensors").stat().st_mode & 0o777 == 0o644

@@ -1,7 +1,9 @@
 import pytest
 
 from workflows.experiment import load_config
-from zgcore.config import ConfigError, kept_layers, parse_overrides, resolve, resolve_boundaries
+from zgcore.checks import ConfigError
+from zgcore.config.experiment import parse_overrides, resolve
+from zgcore.models.shapes import kept_layers, resolve_boundaries
 
 
 def test_overrides_parse_nested_values():

@@ -4,8 +4,8 @@ import re
 import tomllib
 from pathlib import Path
 
-from zgcore import config_doc
-from zgcore.defaults import DEFAULTS
+from workflows import reference as config_doc
+from zgcore.config.defaults import DEFAULTS
 from zgcore.local.config import LOCAL_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]

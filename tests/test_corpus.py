@@ -10,10 +10,11 @@ import pytest
 from tests.conftest import tiny_cfg
 from workflows import RunExperiment
 from workflows.experiment import build_experiment, load_config
-from zgcore import corpus
-from zgcore.config import DEFAULTS, ConfigError
-from zgcore.teacher import byte_tokenizer
-from zgcore.sources import stdlib_files
+from zgcore.data import corpus
+from zgcore.checks import ConfigError
+from zgcore.config.experiment import DEFAULTS
+from zgcore.models.teacher import byte_tokenizer
+from zgcore.data.sources import stdlib_files
 
 TEXT = [f"Document {i}: " + "the residual stream carries every layer's update. " * (3 + i % 5) for i in range(40)]
 

@@ -1,4 +1,4 @@
-"""DistillStudy (issue 14): blockwise vs end-to-end vs blockwise + healing on one tiny teacher."""
+"""DistillStudy: blockwise vs end-to-end vs blockwise + healing on one tiny teacher."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from zgcore.config import ConfigError
+from zgcore.checks import ConfigError
 
 
 def test_distill_study_reuses_the_experiment_and_matches_the_budget(tmp_path, run_graph):
@@ -31,7 +31,7 @@ def test_distill_study_reuses_the_experiment_and_matches_the_budget(tmp_path, ru
     arms = {a["name"]: a for a in rep["arms"]}
     assert set(arms) == {"blockwise", "e2e", "healed", "e2e_healed"}
     # (d): blockwise + healing passes, 48 + 3 steps x 2 sequences x 2 layers = 60 layer-sequence passes, in
-    # ceil(60 / (4 x 2)) = 8 end-to-end steps (issue 19.4: healing against end to end at equal compute)
+    # ceil(60 / (4 x 2)) = 8 end-to-end steps (healing against end to end at equal passes)
     assert rep["e2e_healed_steps"] == 8 and arms["e2e_healed"]["passes"] == 8 * 4 * 2 * 32
     assert 0 <= arms["e2e_healed"]["passes"] - arms["healed"]["passes"] < 4 * 2 * 32
     # every arm states its lr (none searched here)
@@ -69,7 +69,7 @@ def test_e2e_student_starts_from_the_blockwise_init(over, tmp_path, run_graph):
     byte-identical to each TrainBlock's init.safetensors."""
     from workflows import load_config
     from workflows.distill import build_distill_study
-    from zgcore import distill as zdistill
+    from zgcore.training import distill as zdistill
 
     cfg = load_config("", over, "distill_tiny")
     study = build_distill_study(cfg, str(tmp_path))

@@ -1,4 +1,4 @@
-"""Only effective settings are hashed (issue 20 part 3): for Heal and DistillE2E, every setting
+"""Only effective settings are hashed: for Heal and DistillE2E, every setting
 their hash covers changes what they write. Each test varies every hashed key once (and checks
 that the keys varied are exactly the keys hashed, so a new hashed key must join the test)."""
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_the_heal_matched_e2e_arm_hashes_the_healing_budget_and_not_distill_step
 
 
 def test_a_hidden_term_without_an_interior_boundary_is_refused():
-    from zgcore.config import ConfigError
+    from zgcore.checks import ConfigError
 
     for section in ("heal", "distill"):
         with pytest.raises(ConfigError, match=f"{section}.hidden_weight=0.5 matches the residual stream"):

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.conftest import tiny_cfg
 from workflows import RunExperiment
 from workflows.experiment import build_experiment, load_config
-from zgcore.teacher import TINY_FAMILIES, tiny_config
+from zgcore.models.teacher import TINY_FAMILIES, tiny_config
 
 # Every layer kept: each block starts as its teacher partition, so the regression loss is ~0 and the
 # gradients vanish; lr 1e-30 keeps float noise from moving any weight either. Training still runs

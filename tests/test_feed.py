@@ -1,4 +1,4 @@
-"""The input pipeline (issue 18): the store's per-run read path, the prefetching worker (order,
+"""The input pipeline: the store's per-run read path, the prefetching worker (order,
 bound, errors), prefetch on/off identity of a trained block, a damaged shard met by the prefetch
 worker, and TensorBoard event files written while a run is in progress, one run per task."""
 import time
@@ -12,9 +12,9 @@ import torch
 from tests.conftest import tiny_cfg
 from tests.test_shards import FAILURES, tasks_of  # one failure recorder (a Luigi event handler) for both files
 from workflows import RunExperiment
-from zgcore.boundary_store import TORCH_DTYPES, BoundaryReader, BoundaryStoreError, build_store, from_storage
-from zgcore.feed import prefetch
-from zgcore.teacher import load, materialise
+from zgcore.data.boundary_store import TORCH_DTYPES, BoundaryReader, BoundaryStoreError, build_store, from_storage
+from zgcore.data.feed import prefetch
+from zgcore.models.teacher import load, materialise
 
 
 # -- the prefetching worker
@@ -278,9 +278,9 @@ def _scalars(run: Path) -> dict[str, list[int]]:
 
 def test_tensorboard_runs_fill_while_the_tasks_train_one_run_per_task(tmp_path, run_graph, monkeypatch):
     import tasks.base
-    import zgcore.watch
+    import zgcore.training.watch
 
-    monkeypatch.setattr(zgcore.watch, "FLUSH_SECONDS", 0.05)
+    monkeypatch.setattr(zgcore.training.watch, "FLUSH_SECONDS", 0.05)
     out = tmp_path / "out"
     seen = {}
     progress = tasks.base.ZGTask.progress

@@ -12,7 +12,7 @@ from tests.conftest import tiny_cfg
 from workflows import CONFIG_ERROR_EXIT
 from workflows.cli import app
 from workflows.experiment import load_config
-from zgcore.config import ConfigError
+from zgcore.checks import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
@@ -72,7 +72,7 @@ def test_zerograph_errors_and_hints_carry_the_users_options(tmp_path):
 
 
 def _teacher_folder(path, weights=True, tokenizer=True):
-    from zgcore.teacher import build_tiny
+    from zgcore.models.teacher import build_tiny
 
     build_tiny("llama", path)
     for f in path.iterdir():

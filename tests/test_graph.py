@@ -92,7 +92,7 @@ def test_status_cli_reports_done_and_missing(tmp_path, run_graph):
     assert {task_state(t) for t in walk(ev)} == {"done"}
     changed = build_experiment(load_config(overrides=cfg + " blocks.0.lr=0.005", preset=""), out)
     states = {(t.get_task_family(), t.label()): task_state(t) for t in walk(changed)}
-    # block 0 and what follows were never built for the new lr: missing (issue 21), not "stale"
+    # block 0 and what follows were never built for the new lr: missing, not "stale"
     assert states[("TrainBlock", "block0-clean-cached-s0")] == "missing"
     assert states[("TrainBlock", "block1-clean-cached-s0")] == "done"
     assert states[("Evaluate", "report")] == "missing"

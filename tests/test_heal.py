@@ -1,4 +1,4 @@
-"""Healing (issue 14): end-to-end logit KD of the assembled student, as a setting of the experiment."""
+"""Healing: end-to-end logit KD of the assembled student, as a setting of the experiment."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from tests.conftest import tiny_cfg
-from zgcore import distill as zdistill
-from zgcore.config import ConfigError
+from zgcore.training import distill as zdistill
+from zgcore.training.memory import PeakRSS
+from zgcore.checks import ConfigError
 
 
 def test_kd_loss_by_hand():
@@ -71,8 +72,8 @@ def test_heal_off_keeps_the_graph_and_on_evaluates_the_healed_student(tmp_path, 
     assert changed and all(".layers." in k for k in changed)
     # the first logged KD equals the KD of the assembled student on the first batch (by hand)
     from transformers import AutoModelForCausalLM
-    from zgcore import corpus
-    from zgcore.loop import data_order
+    from zgcore.data import corpus
+    from zgcore.data.order import data_order
     rows = [line.split(",") for line in (heal.out_dir / "loss_log.csv").read_text().splitlines()]
     assert rows[0] == ["step", "loss", "kd", "lr"] and len(rows) == 4
     toks = corpus.read_tokens(heal.corpus_task().out_dir / "tokens.h5", "train")
@@ -85,9 +86,9 @@ def test_heal_off_keeps_the_graph_and_on_evaluates_the_healed_student(tmp_path, 
 
 
 def test_peak_rss_is_per_block():
-    with zdistill.PeakRSS() as small:
+    with PeakRSS() as small:
         pass
-    with zdistill.PeakRSS() as big:
+    with PeakRSS() as big:
         a = np.ones(20_000_000)  # 153 MiB
         a[::512] = 2.0
         del a

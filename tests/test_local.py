@@ -1,4 +1,4 @@
-"""Greedy local learning (issue 6) on tiny models: isolation, K=1 = backprop, budget matching, MTP, memory, config errors."""
+"""Greedy local learning on tiny models: isolation, K=1 = backprop, budget matching, MTP, memory, config errors."""
 import json
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from zgcore import local as zl
-from zgcore.config import ConfigError
+from zgcore.checks import ConfigError
 
 torch.set_num_threads(1)
 
@@ -172,7 +172,7 @@ def test_save_load_and_evaluate_per_boundary(tmp_path):
     lm2, ids = zl.load_local(tmp_path)
     assert np.array_equal(ids, np.arange(V))
     assert zl.evaluate_local(lm2, val, 4)["boundary_ce"] == pytest.approx(ev["boundary_ce"])
-    from zgcore.metrics import cross_entropy
+    from zgcore.evaluation.metrics import cross_entropy
     assert cross_entropy(lm2.model, val, 4) == pytest.approx(ev["final_ce"], rel=1e-5)
 
 
@@ -218,7 +218,7 @@ def test_workflow_rejects_bad_config_before_any_task():
 def test_study_over_two_seeds_compares_on_the_same_random_test_rows(tmp_path, run_graph):
     from workflows import LocalLearningStudy
     from workflows.local import build_local_study, load_local_config
-    from zgcore import compare
+    from zgcore.evaluation import compare
 
     over = "seeds=[0,1] study.K=[1,2] study.aux=[mlp] study.mtp=[off] train.token_budget=512 eval.max_sequences=4"
     ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))

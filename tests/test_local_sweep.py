@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from zgcore import local as zl
-from zgcore.config import ConfigError
+from zgcore.checks import ConfigError
 
 torch.set_num_threads(1)
 
@@ -87,7 +87,7 @@ def test_explicit_configs_and_the_cpu_2tpp_preset():
     lm = zl.build_local(cells[0]["run"], 2049, 128)
     non_emb = sum(p.numel() for n, p in lm.model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
     assert cfg["train"]["token_budget"] / non_emb >= 2
-    # without a sweep nothing changes: no tuning split in any run (same hashes as before issue 14)
+    # without a sweep nothing changes: no tuning split in any run (same hashes as before the sweep existed)
     plain = zl.expand_study(zl.resolve_local(base={"model": dict(TINY_MODEL)}))
     assert all("holdout_sequences" not in c["run"]["train"] for c in plain)
 
@@ -124,7 +124,7 @@ def _cells_scores(ces):
     noise = r.normal(0, 0.5, 64)
     cells = [{"K": k, "aux": aux, "mtp": mtp, "seed": 0} for k, aux, mtp, _ in ces]
     arms = {zl.report.arm_name(c): {0: 5.0 + noise + (ce - 5.0) + r.normal(0, 0.001, 64)} for c, (*_, ce) in zip(cells, ces)}
-    from zgcore.compare import compare_arms
+    from zgcore.evaluation.compare import compare_arms
 
     return compare_arms(zl.report.compared_pairs(cells), arms)
 
@@ -146,7 +146,7 @@ def test_paper_findings_come_from_the_verdicts():
                    (4, "transformer", "first", 5.1)]
     r = np.random.default_rng(3)
     cells = [{"K": k, "aux": aux, "mtp": mtp, "seed": 0} for k, aux, mtp, _ in tied]
-    from zgcore.compare import compare_arms
+    from zgcore.evaluation.compare import compare_arms
 
     comps = compare_arms(zl.report.compared_pairs(cells),
                          {zl.report.arm_name(c): {0: r.normal(5.1, 0.5, 64)} for c in cells})

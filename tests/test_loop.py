@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_cfg
-from zgcore.loop import CKPT, NonFiniteError, TrainLoop, load_checkpoint
+from zgcore.training.loop import CKPT, NonFiniteError, TrainLoop, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 T = {"lr": 1e-2, "weight_decay": 0.0, "grad_clip": 1.0, "warmup_steps": 0, "checkpoint_every": 2}

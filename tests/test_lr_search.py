@@ -1,9 +1,9 @@
-"""Issue 19 part 3: the learning-rate search (zgcore.lr_search) on hand-made score curves."""
+"""Issue 19 part 3: the learning-rate search (zgcore.training.lr_search) on hand-made score curves."""
 import math
 
 import pytest
 
-from zgcore import lr_search as ls
+from zgcore.training import lr_search as ls
 
 
 def bowl(opt):

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from zgcore import metrics
-from zgcore.teacher import load, materialise
+from zgcore.evaluation import metrics
+from zgcore.models.teacher import load, materialise
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from zgcore.objectives import OBJECTIVES, ObjectiveContext, regression_loss
+from zgcore.training.objectives import OBJECTIVES, ObjectiveContext, regression_loss
 
 
 def test_loss_normalisations_by_hand():
@@ -62,9 +62,9 @@ class _Reader:
 
 
 def test_a_new_unanchored_objective_gets_the_input_scale_and_its_own_hash_rule(tmp_path):
-    from zgcore.objectives import Objective, noise_like, register
-    from zgcore.train import effective_train, train_block
-    from zgcore.config import DEFAULTS
+    from zgcore.training.objectives import Objective, noise_like, register
+    from zgcore.training.blocks import effective_train, train_block
+    from zgcore.config.experiment import DEFAULTS
 
     @register
     class Reconstruct(Objective):  # unanchored, reads noise: rebuild the clean input from a noisy one
@@ -99,8 +99,8 @@ def test_a_new_unanchored_objective_gets_the_input_scale_and_its_own_hash_rule(t
 
 
 def test_effective_train_drops_what_cannot_take_effect():
-    from zgcore.config import DEFAULTS
-    from zgcore.train import effective_train
+    from zgcore.config.experiment import DEFAULTS
+    from zgcore.training.blocks import effective_train
 
     t = dict(DEFAULTS["train"])
     assert "epochs" in effective_train(t)  # max_steps = 0: epochs decide

@@ -1,5 +1,5 @@
 """Every override and input error is one line and exit 2, from `luigi` and from `zerograph status`
-alike (issue 20 part 6, issue 21 part 7): values with spaces, YAML syntax errors, a repeated
+alike: values with spaces, YAML syntax errors, a repeated
 --set (merged in order), keys named as written, presets of another workflow, corpus problems
 found in file headers, an unreachable Hub; a problem found only while tokenising ends the task
 with one `error:` line naming the file."""
@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from tests.conftest import tiny_cfg
 from tests.test_front_door import luigi_cmd, run_all
 from workflows.cli import app
-from zgcore.config import ConfigError, parse_overrides
+from zgcore.checks import ConfigError
+from zgcore.config.experiment import parse_overrides
 
 
 def _corpus_cases(d):
@@ -94,7 +95,7 @@ def test_an_unreachable_hub_fails_after_one_probe(monkeypatch):
     from huggingface_hub import constants
     import transformers
 
-    from zgcore.teacher import describe
+    from zgcore.models.teacher import describe
 
     real = transformers.AutoConfig.from_pretrained
     calls = []

@@ -113,7 +113,7 @@ def test_doc_commands_work_as_written(tmp_path):
         r = subprocess.run(_argv(cmd), cwd=work, env={**env, **extra}, capture_output=True, text=True, timeout=600)
         # every command exits 0; `zerograph status --set "blocks.1.lr=1e-4"` finds everything done because
         # docs/config-guide.md's `--set "blocks.1.lr=1e-4 train.epochs=1"` built that very block (max_steps is set on
-        # the tiny preset, so epochs takes no effect and is not hashed: issue 12's effective configuration)
+        # the tiny preset, so epochs takes no effect and is not hashed: only effective settings are hashed)
         assert r.returncode == 0, (cmd, (r.stdout + r.stderr)[-3000:])
         if cmd[:2] == [".venv/bin/zerograph", "status"] and "blocks.1.lr=1e-4" in " ".join(cmd):
             assert " missing " not in r.stdout and " stale " not in r.stdout and "TrainBlock block1" in r.stdout, r.stdout

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from zgcore import report as zr
-from zgcore.study import objective_study, seed_markdown, seed_summary, study_markdown
+from zgcore.evaluation import report as zr
+from zgcore.evaluation.study import objective_study, seed_markdown, seed_summary, study_markdown
 
 EVAL = {"gate_gap": 0.8, "gate_context": 0.8}
 

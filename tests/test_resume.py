@@ -10,7 +10,7 @@ import torch
 from tests.conftest import kill_at_first_checkpoint, tiny_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
-# prefetching (issue 18): the killed run had batches in flight in its prefetch worker
+# prefetching: the killed run had batches in flight in its prefetch worker
 LONG = tiny_cfg(**{"train.max_steps": 400, "train.checkpoint_every": 10, "train.batch_size": 2, "train.prefetch": 3})
 
 

@@ -18,7 +18,7 @@ from tests.conftest import tiny_cfg
 from workflows import RunExperiment
 from workflows.cli import walk
 from workflows.experiment import build_experiment, load_config
-from zgcore.boundary_store import BoundaryReader
+from zgcore.data.boundary_store import BoundaryReader
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE = tiny_cfg()  # 86 train + 10 val sequences: one train shard and one val shard
@@ -79,8 +79,8 @@ def test_one_and_four_shards_give_identical_boundaries_statistics_and_blocks(bui
 def test_a_train_block_opens_only_its_two_boundaries_and_its_kept_layers(built, monkeypatch, run_graph):
     import shutil
 
-    import zgcore.teacher
-    import zgcore.teacher_weights as tw
+    import zgcore.models.teacher
+    import zgcore.models.teacher_weights as tw
 
     _, four = built
     # train.prefetch=0 (not hashed: the same task) reads in this process, where the recorder sees the files opened
@@ -99,7 +99,7 @@ def test_a_train_block_opens_only_its_two_boundaries_and_its_kept_layers(built, 
     monkeypatch.setattr(tw.LazyLayers, "layer_weights", lambda self, i: layers.append(i) or real_layers(self, i))
     for name in ("load_base",):
         monkeypatch.setattr(tw, name, lambda *a, **k: pytest.fail("a cached TrainBlock loaded the teacher"))
-    monkeypatch.setattr(zgcore.teacher, "load", lambda *a, **k: pytest.fail("a cached TrainBlock loaded the teacher"))
+    monkeypatch.setattr(zgcore.models.teacher, "load", lambda *a, **k: pytest.fail("a cached TrainBlock loaded the teacher"))
     ok, ran = run_graph(block1)
     assert ok and ran == [("TrainBlock", "block1-clean-cached-s0")]
     shard_dirs = sorted(p.resolve() for p in (four / "BoundaryShard").glob("train-*"))
@@ -114,8 +114,8 @@ def test_an_aux_term_block_reads_only_its_layers_and_the_head_and_declares_the_t
     """Local CE / MTP terms need the teacher's final norm and LM head and the token ids: a cached
     block with them reads its kept layers and the non-layer tensors only (never the whole
     teacher), and declares PrepareCorpus (tokens.h5) in requires()."""
-    import zgcore.teacher
-    import zgcore.teacher_weights as tw
+    import zgcore.models.teacher
+    import zgcore.models.teacher_weights as tw
 
     _, four = built
     # train.prefetch=0 (not hashed): the shards are read in this process, where the recorder sees them opened
@@ -136,7 +136,7 @@ def test_an_aux_term_block_reads_only_its_layers_and_the_head_and_declares_the_t
     monkeypatch.setattr(tw.LazyLayers, "layer_weights", lambda self, i: layers.append(i) or real_layers(self, i))
     monkeypatch.setattr(tw.LazyLayers, "other_weights", lambda self: others.append(sorted(real_others(self))) or real_others(self))
     monkeypatch.setattr(tw, "load_base", lambda *a, **k: pytest.fail("a cached TrainBlock loaded the teacher"))
-    monkeypatch.setattr(zgcore.teacher, "load", lambda *a, **k: pytest.fail("a cached TrainBlock loaded the teacher"))
+    monkeypatch.setattr(zgcore.models.teacher, "load", lambda *a, **k: pytest.fail("a cached TrainBlock loaded the teacher"))
     ok, ran = run_graph(block1)
     assert ok and ran == [("TrainBlock", "block1-clean-cached-s0")]
     kept = json.loads(block1.out_dir.joinpath("metrics.json").read_text())["kept"]
@@ -172,7 +172,7 @@ def test_a_flipped_byte_fails_the_read_naming_the_shard_and_only_that_shard_is_r
 def test_a_nan_in_a_checksummed_boundary_fails_the_block_that_reads_it(built, run_graph):
     _, four = built
     f = next((four / "BoundaryShard").glob("train-00000064-*")) / "b4.h5"
-    from zgcore.boundary_store import sequence_checksums
+    from zgcore.data.boundary_store import sequence_checksums
 
     with h5py.File(f, "r+") as h:  # the sequence's xxh3 recomputed too: only finiteness can tell
         row = h["h"][3]
@@ -221,9 +221,9 @@ def test_sigkill_during_the_build_reruns_only_the_unfinished_shards(tmp_path, ru
 
 
 def test_lazy_layers_and_a_truncated_teacher_give_the_full_teachers_bytes(tmp_path):
-    from zgcore.adapters import build_block, capture_boundaries
-    from zgcore.teacher import load, materialise
-    from zgcore.teacher_weights import LazyLayers, load_base
+    from zgcore.models.adapters import build_block, capture_boundaries
+    from zgcore.models.teacher import load, materialise
+    from zgcore.models.teacher_weights import LazyLayers, load_base
 
     rec = materialise("tiny-qwen2", outputs=tmp_path)
     full, _ = load(rec)
@@ -239,7 +239,7 @@ def test_lazy_layers_and_a_truncated_teacher_give_the_full_teachers_bytes(tmp_pa
 
 
 def test_online_targets_load_the_teacher_only_up_to_the_blocks_output_boundary(tmp_path, monkeypatch, run_graph):
-    import zgcore.teacher_weights as tw
+    import zgcore.models.teacher_weights as tw
 
     asked = []
     real = tw.load_base
@@ -263,7 +263,7 @@ def test_cache_hash_covers_teacher_dtype_but_not_the_shard_plan(tmp_path):
                                       ("boundary.shard_sequences=12", "multiple of boundary.batch_size"),
                                       ("boundary.teacher_dtype=float64", "teacher_dtype must be one of")])
 def test_bad_shard_size_or_teacher_dtype_fails_before_any_task(tmp_path, over, msg):
-    from zgcore.config import ConfigError
+    from zgcore.checks import ConfigError
 
     with pytest.raises(ConfigError, match=msg):
         load_config(overrides=tiny_cfg() + " " + over, preset="")

@@ -154,7 +154,7 @@ def _without_timings(x):
 
 def test_two_worker_jobs_share_the_work_once_each_and_match_a_local_run(cluster, tmp_path):
     from workflows import RunExperiment
-    from workflows.slurm import walk_all
+    from workflows.slurm_graph import walk_all
 
     out, ref = tmp_path / "shared", tmp_path / "local"
     t0 = time.monotonic()

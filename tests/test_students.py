@@ -9,11 +9,11 @@ from transformers import AutoModelForCausalLM
 from tests.conftest import tiny_cfg
 from workflows import RunExperiment
 from workflows.experiment import build_experiment, load_config
-from zgcore.adapters import assemble, build_block, capture_boundaries
-from zgcore.config import ConfigError
-from zgcore.channels import mlp_width, top_channels
-from zgcore.students import measure
-from zgcore.teacher import load, materialise
+from zgcore.models.adapters import assemble, build_block, capture_boundaries
+from zgcore.checks import ConfigError
+from zgcore.models.channels import mlp_width, top_channels
+from zgcore.models.students import measure
+from zgcore.models.teacher import load, materialise
 
 
 @pytest.fixture(scope="module", params=["llama", "phi3", "gpt2"])

@@ -1,4 +1,4 @@
-"""``luigi --module workflows DistillStudy --local-scheduler``: should I distil blockwise or end to end? (issue 14)"""
+"""``luigi --module workflows DistillStudy --local-scheduler``: should I distil blockwise or end to end?"""
 from __future__ import annotations
 
 from typing import Any
@@ -7,8 +7,8 @@ import luigi
 
 from tasks.distill import DistillStudyReport
 from tasks.distill_seeds import DistillSeedsReport
-from zgcore import config as zconfig
-from zgcore.distill_config import check_one_width
+from zgcore.config import experiment as zconfig
+from zgcore.models.shapes import check_one_width
 
 from .experiment import block_settings, load_config
 from . import RunExperiment
@@ -38,7 +38,7 @@ class DistillStudy(RunExperiment):
 
     Same parameters as :class:`RunExperiment` (default preset ``default``); ``seeds = [0, 1]`` runs
     the four arms once per seed and pools the comparisons (:class:`tasks.distill_seeds.DistillSeedsReport`).
-    Raises ``zgcore.config.ConfigError`` at construction on bad input, ``heal.steps = 0`` included.
+    Raises ``zgcore.config.experiment.ConfigError`` at construction on bad input, ``heal.steps = 0`` included.
     """
 
     def resolve(self):

@@ -2,7 +2,7 @@
 
 Luigi's worker logs every exception a task raises with its traceback (``luigi-interface``,
 ``logger.exception``). For the errors whose message already says what is wrong and where — bad
-input found only while reading it (:class:`zgcore.config.ConfigError`, e.g. a corpus file that
+input found only while reading it (:class:`zgcore.config.experiment.ConfigError`, e.g. a corpus file that
 stops being UTF-8 after its first 64 KiB) and damaged stored data (a boundary shard, the token
 store) — a log filter replaces that record by the stderr line ``error: <task>: <message>`` without the traceback;
 ``ZG_TRACEBACK=1`` keeps it. The task still fails (Luigi's summary and exit code are unchanged).
@@ -13,9 +13,9 @@ import logging
 import os
 import sys
 
-from zgcore.boundary_store import BoundaryStoreError
-from zgcore.config import ConfigError
-from zgcore.corpus import TokenStoreError
+from zgcore.data.boundary_store import BoundaryStoreError
+from zgcore.checks import ConfigError
+from zgcore.data.corpus import TokenStoreError
 
 from .experiment import TRACEBACK_ENV
 USER_ERRORS = (ConfigError, BoundaryStoreError, TokenStoreError)

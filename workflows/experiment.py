@@ -12,8 +12,8 @@ from luigi.cmdline_parser import CmdlineParser
 from luigi.task import flatten
 
 from tasks import Evaluate, ObjectiveStudyReport, SeedSummary, ZGTask
-from zgcore import config as zconfig
-from zgcore.teacher import describe
+from zgcore.config import experiment as zconfig
+from zgcore.models.teacher import describe
 
 PRESETS = Path(__file__).parent / "presets"
 STUDY_OBJECTIVES = ("clean", "noisy", "denoise")
@@ -26,7 +26,7 @@ T = TypeVar("T")
 
 
 def or_exit(make: Callable[[], T]) -> T:
-    """``make()``, or — on :class:`zgcore.config.ConfigError` — print ``error: <what to fix>`` on
+    """``make()``, or — on :class:`zgcore.config.experiment.ConfigError` — print ``error: <what to fix>`` on
     stderr and exit with :data:`CONFIG_ERROR_EXIT` (the traceback too when ``ZG_TRACEBACK=1``).
 
     Luigi builds the workflow task while it parses the command line and turns any exception into
@@ -58,7 +58,7 @@ def load_preset(preset: str, owner: str = "RunExperiment") -> dict[str, Any]:
     family ``owner`` (``RunExperiment`` or ``LocalLearningStudy``).
 
     Raises:
-        zgcore.config.ConfigError: no such preset (the message lists ``owner``'s presets), or a
+        zgcore.config.experiment.ConfigError: no such preset (the message lists ``owner``'s presets), or a
             preset of another workflow (the message names it and the command that runs it).
     """
     if not preset:
@@ -77,7 +77,7 @@ def load_preset(preset: str, owner: str = "RunExperiment") -> dict[str, Any]:
 class OverridesParameter(luigi.Parameter):
     """``--set``, which may be repeated on Luigi's command line: the values are kept in order, one
     per line (Luigi's own parameters keep only the last one), and
-    :func:`zgcore.config.parse_overrides` applies them in that order, so a key given twice takes
+    :func:`zgcore.config.experiment.parse_overrides` applies them in that order, so a key given twice takes
     its later value. From Python it is a plain string."""
 
     @classmethod
@@ -91,7 +91,7 @@ class OverridesParameter(luigi.Parameter):
 class ConfiguredWorkflow(luigi.WrapperTask):
     """Base of the top-level workflows: a preset, an optional file and overrides resolve to
     ``self.cfg`` at construction — before any task runs — so bad input fails at once with
-    :class:`zgcore.config.ConfigError`; on the ``luigi`` command line it prints one ``error:`` line
+    :class:`zgcore.config.experiment.ConfigError`; on the ``luigi`` command line it prints one ``error:`` line
     and exits :data:`CONFIG_ERROR_EXIT` instead (see :func:`or_exit`). Subclasses set the
     ``preset`` default and :meth:`resolve`."""
 
@@ -117,7 +117,7 @@ def load_config(config: str = "", overrides: str = "", preset: str = "", seeded_
     ``seeds`` (the distillation study heals every seed's student; an experiment does not).
 
     Raises:
-        zgcore.config.ConfigError: anything that would fail later, with what to fix.
+        zgcore.config.experiment.ConfigError: anything that would fail later, with what to fix.
     """
     cfg = zconfig.resolve(config or None, overrides or None, base=load_preset(preset))
     info = describe(cfg["teacher"])
@@ -145,7 +145,7 @@ def block_settings(cfg: dict[str, Any], seed: int | None = None, **train_over) -
     """Each block's resolved train settings, with ``seed`` (if given) and ``train_over`` replacing
     those settings in every block. A block that searches its lr (``lrs``) also carries ``tune``:
     the test subset's settings (``eval.max_sequences``, ``eval.subset_seed``), so that its
-    candidates are scored on the validation sequences outside it (:func:`zgcore.metrics.tune_subset`)."""
+    candidates are scored on the validation sequences outside it (:func:`zgcore.evaluation.metrics.tune_subset`)."""
     out = []
     for i in range(int(cfg["boundary"]["num_blocks"])):
         t = zconfig.block_train_config(cfg, i)

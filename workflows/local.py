@@ -1,4 +1,4 @@
-"""``luigi --module workflows LocalLearningStudy --local-scheduler``: the greedy local learning study (issue 6)."""
+"""``luigi --module workflows LocalLearningStudy --local-scheduler``: the greedy local learning study."""
 from __future__ import annotations
 
 from typing import Any
@@ -6,8 +6,9 @@ from typing import Any
 import luigi
 
 from tasks.local import LocalStudyReport
-from zgcore import config as zconfig, local as zlocal
-from zgcore.teacher import describe
+from zgcore import local as zlocal
+from zgcore.config import experiment as zconfig
+from zgcore.models.teacher import describe
 
 from .experiment import ConfiguredWorkflow, load_preset
 
@@ -18,7 +19,7 @@ def load_local_config(config: str = "", overrides: str = "", preset: str = "loca
     context (config only; nothing is downloaded or trained).
 
     Raises:
-        zgcore.config.ConfigError: what to fix (K above the layer count, an MTP boundary that does not
+        zgcore.config.experiment.ConfigError: what to fix (K above the layer count, an MTP boundary that does not
             exist, an unknown aux head, an unknown preset or key, ...).
     """
     cfg = zlocal.resolve_local(config or None, overrides or None, base=load_preset(preset, "LocalLearningStudy"))
@@ -51,7 +52,7 @@ class LocalLearningStudy(ConfiguredWorkflow):
             ``local_tiny`` (seconds), ``local_gpu_125m``, ``local_gpu_400m`` (20 tokens per non-embedding parameter).
         outputs: root folder of run artifacts.
 
-    Raises ``zgcore.config.ConfigError`` at construction, before any task runs, on bad input.
+    Raises ``zgcore.config.experiment.ConfigError`` at construction, before any task runs, on bad input.
     """
 
     preset = luigi.Parameter(default="local_default", description="preset in workflows/presets (local_*)")

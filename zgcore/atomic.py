@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from .hashing import canonical
+from zgcore.hashing import canonical
 
 
 def _umask() -> int:

@@ -1,5 +1,5 @@
 """The error every configuration check raises, and the value checks the configuration modules share
-(:mod:`zgcore.config`, :mod:`zgcore.distill_config`, :mod:`zgcore.sources`, :mod:`zgcore.local.config`).
+(:mod:`zgcore.config.experiment`, :mod:`zgcore.config.distill`, :mod:`zgcore.data.sources`, :mod:`zgcore.local.config`).
 Imports nothing of zgcore, so that every one of them can import it."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def positive_int(where: str, v: Any, zero_ok: bool = False) -> None:
 
 def validate_lr_search(where: str, lrs: Any, rounds: Any) -> None:
     """Check a learning-rate search's settings (``<where>.lrs``, ``<where>.lr_rounds``; see
-    :mod:`zgcore.lr_search`): ``lrs`` a list of distinct positive finite numbers ([] = no search),
+    :mod:`zgcore.training.lr_search`): ``lrs`` a list of distinct positive finite numbers ([] = no search),
     ``rounds`` a positive integer. Raises :class:`ConfigError` naming the key."""
     if lrs is None or isinstance(lrs, str) or not isinstance(lrs, (list, tuple)):
         raise ConfigError(f"{where}.lrs must be a list of peak learning rates ([] = no search), got {lrs!r}")

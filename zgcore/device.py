@@ -9,6 +9,19 @@ if TYPE_CHECKING:
     import torch
 
 
+DTYPE_NAMES = ("float32", "float16", "bfloat16")  # the storage and compute dtypes a task may name
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"float32"`` / ``"float16"`` / ``"bfloat16"`` → the ``torch.dtype`` (torch imported here, not at
+    module import). Raises ``ValueError`` naming the allowed names for any other string."""
+    import torch
+
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {name!r}")
+    return getattr(torch, name)
+
+
 def resolve(device: str) -> torch.device:
     """``"cpu"``, ``"cuda"``, ``"cuda:1"``... → ``torch.device``.
 

@@ -23,20 +23,21 @@ Boundaries are numbered ``1..K``: boundary ``i`` is the output of block ``i - 1`
 Two execution modes compute the same update: ``together`` (every block's forward on the batch,
 one backward over the sum of the block losses, then every optimizer steps) and ``per_block``
 (block by block: forward, backward, step, keep only the detached boundary activation). Their peak
-activation memory is measured, not computed: see :class:`zgcore.memory.SavedTensorMeter`.
+activation memory is measured, not computed: see :class:`zgcore.training.memory.SavedTensorMeter`.
 
 The package owns local learning and is split along its seams: :mod:`.config` (``LOCAL_DEFAULTS``,
 validation, study expansion, the learning-rate sweep's runs, boundaries), :mod:`.data` (vocabulary
 ``compact`` / ``full`` / ``top:N``, id remapping, the tuning split), :mod:`.model` (the model, its aux heads, the per-block
 forward, save/load), :mod:`.training` (data order, execution modes on the one training loop
-:class:`zgcore.loop.TrainLoop`, memory, evaluation) and :mod:`.report` (report, Markdown, plot).
+:class:`zgcore.training.loop.TrainLoop`, memory, evaluation) and :mod:`.report` (report, Markdown, plot).
 This module re-exports their public names. The library never imports Luigi; a bad configuration
-raises :class:`zgcore.config.ConfigError` before any expensive work.
+raises :class:`zgcore.config.experiment.ConfigError` before any expensive work.
 """
 from __future__ import annotations
 
-from ..loop import data_order, lr_at
-from ..memory import SavedTensorMeter
+from zgcore.data.order import data_order
+from zgcore.training.loop import lr_at
+from zgcore.training.memory import SavedTensorMeter
 from .config import (AUX_HEADS, EXECUTIONS, LOCAL_DEFAULTS, MTP_CHOICES, UNHASHED_TOP, VOCABS, boundaries, expand_seeds, expand_study,
                      mtp_boundaries_for, normalise_run, resolve_local, steps_for, study_lrs, sweep_run, tune_budget,
                      validate_local, validate_model, validate_sweep, validate_train)

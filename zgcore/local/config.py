@@ -2,8 +2,8 @@
 into normalised configurations (what a configuration's hash covers), block boundaries and the
 step count of a token budget.
 
-Validation reuses :mod:`zgcore.config`'s checks (unknown keys, integers, the corpus section); a bad
-value raises :class:`zgcore.config.ConfigError` naming the key, before any expensive work.
+Validation reuses :mod:`zgcore.config.experiment`'s checks (unknown keys, integers, the corpus section); a bad
+value raises :class:`zgcore.config.experiment.ConfigError` naming the key, before any expensive work.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import math
 import os
 from typing import Any, Mapping
 
-from ..checks import positive_int
-from ..config import (DEFAULTS as _MAIN_DEFAULTS, ConfigError, _check_keys, canonical_paths, deep_merge, load_file,
+from zgcore.checks import positive_int
+from zgcore.config.experiment import (DEFAULTS as _MAIN_DEFAULTS, ConfigError, _check_keys, canonical_paths, deep_merge, load_file,
                       parse_overrides, resolve_boundaries, validate_corpus)
 from .data import parse_vocab
 
@@ -55,7 +55,7 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "execution": "together",  # K blocks in one process per step (together) or one block after another (per_block)
         "log_every": 10,  # steps between loss-log rows
         "checkpoint_every": 50,  # steps between checkpoints of a PretrainLocal (resume); not hashed
-        "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.watch); not hashed
+        "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.training.watch); not hashed
     },
     "local": {
         "K": 1,  # gradient-isolated blocks (1 = end-to-end backprop)
@@ -72,7 +72,7 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "configs": [],
         # learning-rate sweep: peak lrs tried for every configuration ([] = train.lr for all, no tuning split)
         "lrs": [],
-        # rounds of the lr search (zgcore.lr_search): 1 = the lrs above only; more = refine around the best and
+        # rounds of the lr search (zgcore.training.lr_search): 1 = the lrs above only; more = refine around the best and
         # extend past an edge until the best is interior with neighbours <= 2x apart, or this many rounds ran
         "lr_rounds": 4,
         "tune_fraction": 1.0,  # tuning runs see this share of train.token_budget (1.0: the tuning run is the final run)
@@ -372,7 +372,7 @@ def expand_seeds(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
 def boundaries(n_layers: int, k: int) -> list[int]:
     """Layer indices ``0 = b_0 < b_1 < ... < b_K = n_layers`` splitting ``n_layers`` layers into
     ``k`` consecutive blocks, computed as ZeroGraph computes its partitions
-    (:func:`zgcore.config.resolve_boundaries`: ``round(j * n_layers / k)``).
+    (:func:`zgcore.config.experiment.resolve_boundaries`: ``round(j * n_layers / k)``).
 
     Raises:
         ConfigError: ``k`` outside ``1..n_layers``.

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ConfigError
+from zgcore.checks import ConfigError
 
 UNK = -1  # tokenizer id recorded for the UNK model id of a ``top:N`` vocabulary
 

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError
-from ..train import block_seed
+from zgcore.checks import ConfigError
+from zgcore.training.blocks import block_seed
 from .config import AUX_HEADS, boundaries, validate_local
 
 # ----------------------------------------------------------------------------- model

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Sequence
 
-from ..lr_search import choose_lr, edge_note  # noqa: F401 (choose_lr re-exported: the search's argmin)
-from ..markdown import num, table
+from zgcore.training.lr_search import choose_lr, edge_note  # noqa: F401 (choose_lr re-exported: the search's argmin)
+from zgcore.markdown import num, table
 
 NOT_MEASURED, REPRODUCED, NOT_REPRODUCED = "not measured", "reproduced", "not reproduced"
 NOT_RESOLVED_STATUS = "not resolved"  # a comparison the finding needs has an interval containing 0
@@ -86,7 +86,7 @@ def compared_pairs(cells: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
 
 def _status(verdicts: Sequence[str], want: str) -> str:
     """All verdicts ``want``: reproduced; any the opposite way: not reproduced; else not resolved."""
-    from ..compare import NOT_RESOLVED
+    from zgcore.evaluation.compare import NOT_RESOLVED
 
     if all(v == want for v in verdicts):
         return REPRODUCED
@@ -96,7 +96,7 @@ def _status(verdicts: Sequence[str], want: str) -> str:
 
 
 def paper_findings(comparisons: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The paper's three findings, judged on the study's comparisons (:mod:`zgcore.compare`
+    """The paper's three findings, judged on the study's comparisons (:mod:`zgcore.evaluation.compare`
     entries named by :func:`arm_name`), never on point estimates alone:
 
     * ``gap_grows_with_k``: for every aux head measured at K=2 and K=4 without MTP, K=4's CE is
@@ -107,13 +107,13 @@ def paper_findings(comparisons: Sequence[Mapping[str, Any]]) -> dict[str, dict[s
 
     A finding is ``"reproduced"`` when every comparison it needs has the verdict it claims, ``"not
     reproduced"`` when one has the opposite verdict, ``"not resolved"`` when an interval contains 0
-    or the seeds disagree in sign (:func:`zgcore.compare.compare`).
+    or the seeds disagree in sign (:func:`zgcore.evaluation.compare.compare`).
 
     Returns:
         ``{name: {"status": "reproduced" | "not reproduced" | "not resolved" | "not measured",
         "claim", "detail"}}``; ``detail`` is the comparisons' sentences.
     """
-    from ..compare import A_BETTER, B_BETTER, sentence
+    from zgcore.evaluation.compare import A_BETTER, B_BETTER, sentence
 
     by = {(c["a"], c["b"]): c for c in comparisons}
     out: dict[str, dict[str, Any]] = {}
@@ -152,7 +152,7 @@ def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[st
     model and token budget; with a sweep, each configuration at the lr its search chose; ``rows[i]``
     then also has ``tune_lrs``/``tune_ce`` (every lr searched, ascending, and its tuning CE; None =
     diverged) and ``lr_search`` (``at_edge``, ``converged``, ``rounds``, ``max_rounds``,
-    ``diverged``: see :func:`zgcore.lr_search.summary`)). Cells may carry ``"seed"``
+    ``diverged``: see :func:`zgcore.training.lr_search.summary`)). Cells may carry ``"seed"``
     (:func:`zgcore.local.expand_seeds`); ``configs`` aggregates each configuration over seeds
     (mean, std). With each result's ``"scores"`` (the test evaluation's ``val`` part of
     ``per_sequence_ce.json``), ``comparisons`` (:func:`compared_pairs`, pooled over seeds) and
@@ -195,7 +195,7 @@ def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[st
                      if "choice" in r else None, "dir": r.get("dir")})
     comparisons = []
     if all(r.get("scores") is not None for r in results):
-        from ..compare import check_same_sequences, compare_arms
+        from zgcore.evaluation.compare import check_same_sequences, compare_arms
 
         check_same_sequences([r["scores"]["subset_sha256"] for r in results], "configurations")
         arms: dict[str, dict[int, Any]] = {}
@@ -277,7 +277,7 @@ def _seeds_lines(rep: Mapping[str, Any]) -> list[str]:
 
 
 def _comparison_lines(rep: Mapping[str, Any]) -> list[str]:
-    from ..compare import markdown as compare_md
+    from zgcore.evaluation.compare import markdown as compare_md
 
     comps = rep.get("comparisons") or []
     return ["## Comparisons", "", compare_md(comps), ""] if comps else []
@@ -311,7 +311,7 @@ def _sweep_lines(rep: Mapping[str, Any]) -> list[str]:
               else f"{sw['tune_tokens']:,} tokens (tune_fraction {sw['tune_fraction']:g} of the final run's budget: "
               "a short-run choice, not shown here to equal the full-run choice)")
     return ["## Learning-rate search", "",
-            f"Every configuration searched its own peak lr (zgcore.lr_search): the grid {', '.join(f'{x:g}' for x in sw['grid'])}, "
+            f"Every configuration searched its own peak lr (zgcore.training.lr_search): the grid {', '.join(f'{x:g}' for x in sw['grid'])}, "
             f"then up to {sw['max_rounds'] - 1} more rounds that refine around the best lr (geometric midpoints) and extend "
             "past an edge when the best sits there, until the best is interior with neighbours at most 2x away. Each "
             f"candidate trained on {budget}, scored on {sw['tune_sequences']} tuning sequences held out of the training "

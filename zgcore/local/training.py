@@ -1,6 +1,6 @@
 """Local-learning training and evaluation: the data order every configuration shares, the two
 execution modes (``together``, ``per_block``) as step functions of the one training loop
-(:class:`zgcore.loop.TrainLoop`: optimizers, schedule, clipping, non-finite checks, log,
+(:class:`zgcore.training.loop.TrainLoop`: optimizers, schedule, clipping, non-finite checks, log,
 checkpoints and resume), their measured activation memory, and held-out CE per boundary.
 """
 from __future__ import annotations
@@ -12,17 +12,18 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from ..config import ConfigError
-from ..loop import StepInfo, TrainLoop, data_order
-from ..memory import measure_peak
-from ..metrics import cross_entropies
+from zgcore.checks import ConfigError
+from zgcore.data.order import data_order
+from zgcore.training.loop import StepInfo, TrainLoop
+from zgcore.training.memory import measure_peak
+from zgcore.evaluation.metrics import cross_entropies
 from .config import EXECUTIONS, steps_for
 from .model import LocalLM
 
 
 def batch_indices(n: int, batch_size: int, data_seed: int, step: int) -> np.ndarray:
     """Rows of the train split in batch ``step``: a stream of per-epoch permutations
-    (``zgcore.loop.data_order(n, data_seed, epoch)``) read ``batch_size`` at a time. A pure
+    (``zgcore.training.loop.data_order(n, data_seed, epoch)``) read ``batch_size`` at a time. A pure
     function of its arguments, so every configuration with the same data seed and batch size sees
     the same token ids in the same order. Returns ``[batch_size]`` int64."""
     lo = step * batch_size
@@ -77,7 +78,7 @@ def measure_activation_memory(lm: LocalLM, ids: torch.Tensor, mode: str) -> dict
 
     Returns:
         ``{"mode", "saved_peak_bytes", "cuda_peak_bytes"}``: bytes, the second ``None`` off CUDA
-        (see :func:`zgcore.memory.measure_peak`). Raises :class:`ConfigError` for an unknown mode.
+        (see :func:`zgcore.training.memory.measure_peak`). Raises :class:`ConfigError` for an unknown mode.
     """
     if mode not in EXECUTIONS:
         raise ConfigError(f"execution mode must be one of {EXECUTIONS}, got {mode!r}")
@@ -99,7 +100,7 @@ def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], dev
     """Pretrain ``lm`` on ``train_tokens`` (``[n, T]`` model ids, int64) for the token budget.
 
     Each block has its own AdamW (``lr`` with linear warmup then cosine to 10%, ``weight_decay``,
-    gradient clipping per block) in one :class:`~zgcore.loop.TrainLoop`; batches follow
+    gradient clipping per block) in one :class:`~zgcore.training.loop.TrainLoop`; batches follow
     :func:`batch_indices` with ``data_seed``. Before the first step, peak activation memory of the
     first batch is measured in both execution modes (:func:`measure_activation_memory`).
 
@@ -109,7 +110,7 @@ def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], dev
         work: folder for checkpoints (every ``checkpoint_every`` steps), ``loss_log.csv`` and
             ``train_state.pt``; a run started again resumes bitwise from its last checkpoint.
             ``None``: nothing on disk. run_hash: a checkpoint of another hash is never resumed.
-        callbacks: :class:`~zgcore.loop.TrainLoop` callbacks (e.g. :class:`zgcore.watch.TensorBoardWatch`).
+        callbacks: :class:`~zgcore.training.loop.TrainLoop` callbacks (e.g. :class:`zgcore.training.watch.TensorBoardWatch`).
 
     Returns:
         ``{"steps", "tokens", "tokens_sha256" (of the int64 model ids seen, in order), "seconds",
@@ -117,7 +118,7 @@ def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], dev
         steps), "memory": {mode: measurement}, "memory_ratio" (together / per_block), ...}``.
 
     Raises:
-        zgcore.loop.NonFiniteError: a non-finite loss or gradient norm (the last checkpoint stays).
+        zgcore.training.loop.NonFiniteError: a non-finite loss or gradient norm (the last checkpoint stays).
     """
     seq_len = train_tokens.shape[1]
     steps = steps_for(t, seq_len)
@@ -154,7 +155,7 @@ def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], dev
 def evaluate_local(lm: LocalLM, tokens: np.ndarray, batch_size: int = 16) -> dict[str, Any]:
     """Held-out next-token CE (nats/token) at every boundary ``1..K`` (aux heads, then the model's
     own head at boundary K) over ``tokens`` ``[n, T]`` model ids, averaged over ``n * (T-1)``
-    predictions (:func:`zgcore.metrics.cross_entropies`). Returns ``{"boundary_ce": [K floats],
+    predictions (:func:`zgcore.evaluation.metrics.cross_entropies`). Returns ``{"boundary_ce": [K floats],
     "final_ce": boundary_ce[-1]}``."""
     lm.eval()
     device = next(lm.parameters()).device

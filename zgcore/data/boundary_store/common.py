@@ -1,0 +1,123 @@
+"""What every part of the boundary store shares: the format version, storage dtypes, the store's
+error, the finiteness check, and the one definition of per-channel RMS statistics (used by the
+cache build, online targets and the report's boundary-shift measurement)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zgcore.device import DTYPE_NAMES, torch_dtype
+
+# 3: sharded store (one HDF5 file per shard per boundary, Fletcher32 checksums, a join manifest)
+# 4: ``h`` stored contiguous and unfiltered, an xxh3_64 checksum per sequence in dataset ``xxh3``
+#    (HDF5's Fletcher32 filter held reads at 0.24-0.59x a raw read of the same bytes)
+FORMAT_VERSION = 4
+# versions BoundaryReader still reads (3: through HDF5's Fletcher32 filter)
+READABLE_VERSIONS = (3, 4)
+# Per-channel statistics come from the first STATS_SEQUENCES training sequences, so that online
+# targets (which never see the whole cache) compute exactly the same numbers.
+STATS_SEQUENCES = 64
+TORCH_DTYPES = {name: torch_dtype(name) for name in DTYPE_NAMES}
+# h5py has no bfloat16: store its bit pattern as uint16.
+H5_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+class BoundaryStoreError(RuntimeError):
+    """A boundary store that is missing, truncated, damaged, non-finite, or does not match what
+    the reader expects. The message names the file."""
+
+
+def sequence_checksums(a: np.ndarray) -> np.ndarray:
+    """xxh3_64 of each sequence's stored bytes: ``a`` ``[n, seq_len, hidden]`` (storage dtype) ->
+    uint64 ``[n]``. The store's own per-sequence checksum (format 4); xxh3 runs at ~15 GB/s on one
+    core here, zlib's CRC-32 at ~1.1 GB/s (``bench/README.md``)."""
+    import xxhash
+
+    a = np.ascontiguousarray(a)
+    return np.array([xxhash.xxh3_64_intdigest(a[i]) for i in range(len(a))], dtype=np.uint64)
+
+
+def planned_bytes(n_sequences: int, seq_len: int, hidden: int, n_boundaries: int, dtype: str) -> int:
+    """Bytes of boundary data a store will hold (excluding HDF5 overhead)."""
+    return n_sequences * seq_len * hidden * n_boundaries * np.dtype(H5_DTYPES[dtype]).itemsize
+
+
+def to_storage(t: torch.Tensor, dtype: str) -> np.ndarray:
+    """Convert a float32 tensor to the numpy array stored for ``dtype`` (bfloat16 as uint16 bits)."""
+    t = t.to(TORCH_DTYPES[dtype]).cpu()
+    if dtype == "bfloat16":
+        return t.view(torch.uint16).numpy()
+    return t.numpy()
+
+
+def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
+    """Inverse of :func:`to_storage`; returns float32."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if dtype == "bfloat16":
+        t = t.view(torch.bfloat16)
+    return t.float()
+
+
+def round_trip(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    """What reading ``t`` back from a store of ``dtype`` gives (float32), without a file."""
+    return t.to(TORCH_DTYPES[dtype]).float()
+
+
+def check_finite(t: torch.Tensor, where: str) -> None:
+    """Raise :class:`BoundaryStoreError` naming ``where`` if ``t`` holds NaN or ±inf: a damaged or
+    numerically broken boundary must never train anything."""
+    if not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise BoundaryStoreError(f"{where}: {bad} non-finite value(s) (NaN/inf) in a teacher boundary; "
+                                 "a damaged or numerically broken cache must not train anything "
+                                 "(check the teacher, teacher_dtype, or the cache files)")
+
+
+def sequence_sumsq(h: torch.Tensor) -> torch.Tensor:
+    """Per-sequence, per-channel sums of squares of boundary ``h`` ``[n, seq, hidden]`` (float32
+    values as stored): float64 ``[n, 2, hidden]``, row 0 position 0 (the attention sink), row 1
+    positions >= 1. Computed one sequence at a time, so a sequence's sums never depend on which
+    batch or shard it came in."""
+    hs = h.detach().double().cpu()
+    out = torch.zeros(len(hs), 2, h.shape[-1], dtype=torch.float64)
+    for i in range(len(hs)):
+        out[i, 0] = hs[i, 0] ** 2
+        out[i, 1] = (hs[i, 1:] ** 2).sum(0)
+    return out
+
+
+def rms_from_sumsq(sumsq: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Per-channel RMS ``[2, hidden]`` float32 from :func:`sequence_sumsq` rows ``[n, 2, hidden]``
+    (summed over sequences in order: the result depends only on the sequences, never on sharding)."""
+    n = sumsq.shape[0]
+    tot = sumsq.sum(0)
+    return torch.stack([(tot[0] / n).sqrt(), (tot[1] / (n * max(1, seq_len - 1))).sqrt()]).float()
+
+
+def channel_rms(h: torch.Tensor) -> torch.Tensor:
+    """Per-channel RMS of boundary ``h`` ``[n, seq, hidden]``: float32 ``[2, hidden]`` (row 0:
+    position 0, row 1: positions >= 1). The one definition of the store's channel statistics."""
+    return rms_from_sumsq(sequence_sumsq(h), h.shape[1])
+
+
+def quarantine(folder: Path) -> Path | None:
+    """Move a damaged shard folder aside (``<name>.damaged-<unix time>``), so that the next run
+    finds the shard missing and rebuilds it; returns the new path (None if already gone)."""
+    folder = Path(folder)
+    return quarantine_file(folder) if folder.is_dir() else None
+
+
+def quarantine_file(path: Path) -> Path | None:
+    """Move a damaged file aside (``<name>.damaged-<unix time>``) so that the task that wrote it
+    finds its output incomplete and rebuilds it; returns the new path (None if it could not)."""
+    import time
+
+    path = Path(path)
+    dest = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+    try:
+        path.rename(dest)
+    except OSError:
+        return None
+    return dest

@@ -1,0 +1,90 @@
+"""Online targets: :class:`OnlineBoundaries` computes boundaries with the frozen teacher inside
+training, with the reader's interface, the store's rounding and the store's statistics."""
+from __future__ import annotations
+
+import time
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from zgcore.models.adapters import capture_boundaries
+from .common import STATS_SEQUENCES, check_finite, rms_from_sumsq, round_trip, sequence_sumsq
+
+
+class OnlineBoundaries:
+    """Online targets: the same interface as :class:`~zgcore.data.boundary_store.BoundaryReader` for
+    training, but boundaries are computed by running the frozen teacher on each batch instead of
+    read from the cache.
+
+    Values are rounded through the storage ``dtype`` exactly as a cache would store them, and the
+    per-channel statistics come from the same first ``STATS_SEQUENCES`` sequences in the same
+    batches, so an objective-matched run gives the same bits as with cached targets.
+
+    Args:
+        teacher: frozen causal LM or base model, loaded at least up to ``max(boundaries)``.
+        tokens: training token ids ``[n, seq_len]`` (int).
+        boundaries: the boundaries this block needs (e.g. ``[b_i, b_i+1]``). dtype: storage dtype name.
+        batch_size: teacher batch size for the statistics pass (the cache build's ``batch_size``).
+
+    Raises:
+        BoundaryStoreError: the teacher produced a non-finite boundary.
+
+    Attributes:
+        teacher_seconds: wall time spent in the teacher so far (s).
+    """
+
+    def __init__(self, teacher, tokens: np.ndarray, boundaries: Sequence[int], dtype: str, batch_size: int):
+        self.teacher, self.tokens, self.dtype = teacher, tokens, dtype
+        self.boundaries = sorted(set(boundaries))
+        self.device = next(teacher.parameters()).device
+        seq_len = tokens.shape[1]
+        n = min(len(tokens), STATS_SEQUENCES)
+        rows = {b: [] for b in self.boundaries}
+        t0 = time.perf_counter()
+        for lo in range(0, n, batch_size):
+            ids = torch.from_numpy(tokens[lo: min(lo + batch_size, len(tokens))].astype(np.int64)).to(self.device)
+            for b, h in capture_boundaries(teacher, ids, self.boundaries).items():
+                check_finite(h, f"teacher output at boundary {b} (online targets)")
+                rows[b].append(sequence_sumsq(round_trip(h[: n - lo], dtype)))
+        self._stats = {b: rms_from_sumsq(torch.cat(rows[b]), seq_len) for b in self.boundaries}
+        self.teacher_seconds = time.perf_counter() - t0
+
+    def n(self, split_name: str) -> int:
+        """Number of training sequences (only ``"train"`` is served online)."""
+        return len(self.tokens)
+
+    def stats(self, b: int) -> torch.Tensor:
+        """Per-channel RMS of boundary ``b``, ``[2, hidden]`` float32 (as the reader's ``stats``)."""
+        return self._stats[b]
+
+    def read(self, split_name: str, b: int, idx) -> torch.Tensor:
+        """Boundary ``b`` for sequences ``idx``, computed now: float32 ``[len(idx), seq_len, hidden]``."""
+        return self._pair(idx, [b])[b]
+
+    def _pair(self, idx, bs):
+        t0 = time.perf_counter()
+        ids = torch.from_numpy(self.tokens[np.asarray(idx)].astype(np.int64)).to(self.device)
+        out = {}
+        for b, h in capture_boundaries(self.teacher, ids, bs).items():
+            check_finite(h, f"teacher output at boundary {b} (online targets)")
+            out[b] = round_trip(h, self.dtype).cpu()
+        self.teacher_seconds += time.perf_counter() - t0
+        return out
+
+    def batches(self, split_name: str, b_in: int, b_out: int, order: np.ndarray, batch_size: int,
+                start: int = 0) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """As the reader's ``batches``, running the teacher once per batch for both boundaries."""
+        n_batches = (len(order) + batch_size - 1) // batch_size
+        for k in range(start, n_batches):
+            caps = self._pair(order[k * batch_size: (k + 1) * batch_size], [b_in, b_out])
+            yield k, caps[b_in], caps[b_out]
+
+    def close(self) -> None:
+        """Nothing to close (interface parity with the reader)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,221 @@
+"""Writing the store: the shard plan, one shard (the teacher over one contiguous range of
+sequences), and the join that presents the shards as one store.
+
+Layout. A shard folder holds, per boundary ``b``, ``b<b>.h5`` with dataset ``h``
+``[rows, seq_len, hidden]`` (storage dtype, contiguous and unfiltered: one sequence's bytes follow
+the previous one's), ``xxh3`` ``[rows]`` uint64 (the xxh3_64 of each sequence's stored bytes,
+checked by the reader on every read; format 4) and, for training rows among the first ``STATS_SEQUENCES``, ``sumsq`` ``[k, 2, hidden]``
+float64 (per-sequence sums of squares); plus ``shard.json`` (its range, shape, files with bytes
+and SHA-256, build time). The join folder holds ``manifest.json`` (the store's shape and
+fingerprints, every shard's folder relative to the join folder, its files' bytes and SHA-256,
+build times: sum and wall, and the SHA-256 of each statistics file) and ``stats-b<b>.npy``
+(per-channel RMS ``[2, hidden]`` float32).
+Nothing is copied: readers index the shard files through the manifest, and a reader of one
+boundary opens only that boundary's files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import h5py
+import numpy as np
+import torch
+
+from zgcore.models.adapters import capture_boundaries
+from zgcore.atomic import atomic_path, write_json
+from zgcore.hashing import file_sha256
+from .common import (FORMAT_VERSION, H5_DTYPES, STATS_SEQUENCES, BoundaryStoreError, check_finite, planned_bytes,
+                     quarantine, rms_from_sumsq, round_trip, sequence_checksums, sequence_sumsq, to_storage)
+
+SHARD_FILE = "shard.json"
+MANIFEST = "manifest.json"
+# what every shard of one store must agree on
+SHAPE_KEYS = ("format_version", "boundaries", "dtype", "teacher_dtype", "seq_len", "hidden_size", "batch_size")
+
+
+def plan_shards(n: Mapping[str, int], shard_sequences: int) -> list[tuple[str, int, int]]:
+    """The shards of a store: ``(split, lo, hi)`` contiguous ranges of at most ``shard_sequences``
+    sequences, train first then val. Raises ``ValueError`` if ``shard_sequences < 1``."""
+    if int(shard_sequences) < 1:
+        raise ValueError(f"shard_sequences must be at least 1, got {shard_sequences}")
+    return [(s, lo, min(lo + int(shard_sequences), int(n[s]))) for s in ("train", "val")
+            for lo in range(0, int(n[s]), int(shard_sequences))]
+
+
+def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str, lo: int, boundaries: Sequence[int],
+                dtype: str, batch_size: int, extra: Mapping[str, Any],
+                progress: Callable[[int, int], None] | None = None,
+                peak_rss: Callable[[], float | None] | None = None) -> dict[str, Any]:
+    """Run the frozen ``teacher`` over ``rows`` (token ids ``[m, seq_len]``, sequences
+    ``lo .. lo+m-1`` of ``split``) and write the shard's files into ``folder`` (which must exist;
+    the caller renames it into place). Batches start at ``lo``, so with ``lo`` a multiple of
+    ``batch_size`` every sequence sees the same batch as in an unsharded build. ``peak_rss``: called
+    once at the end, its figure (MiB) is recorded as the shard's ``peak_rss_mib``.
+
+    Returns the shard record (also written to ``shard.json``). Raises
+    :class:`BoundaryStoreError` if the teacher produces a non-finite boundary.
+    """
+    folder = Path(folder)
+    device = next(teacher.parameters()).device
+    hidden, seq_len, m = int(teacher.config.hidden_size), int(rows.shape[1]), len(rows)
+    n_stats = max(0, min(m, STATS_SEQUENCES - lo)) if split == "train" else 0
+    started, t0 = time.time(), time.perf_counter()
+    files = {b: h5py.File(folder / f"b{b}.h5", "w") for b in boundaries}
+    try:
+        # contiguous, no filter: a run of consecutive sequences is one plain read; xxh3 checks each sequence
+        dsets = {b: f.create_dataset("h", shape=(m, seq_len, hidden), dtype=H5_DTYPES[dtype]) for b, f in files.items()}
+        sums = {b: f.create_dataset("xxh3", shape=(m,), dtype=np.uint64) for b, f in files.items()}
+        sumsq = {b: [] for b in boundaries}
+        for k in range(0, m, batch_size):
+            ids = torch.from_numpy(rows[k: k + batch_size].astype(np.int64)).to(device)
+            for b, h in capture_boundaries(teacher, ids, boundaries).items():
+                check_finite(h, f"teacher output at boundary {b}, {split} sequences {lo + k}..{lo + k + len(ids) - 1}")
+                stored = to_storage(h, dtype)
+                dsets[b][k: k + len(ids)] = stored
+                sums[b][k: k + len(ids)] = sequence_checksums(stored)
+                if k < n_stats:
+                    sumsq[b].append(sequence_sumsq(round_trip(h[: n_stats - k], dtype)))
+            if progress:
+                progress(k + len(ids), m)
+        for b, f in files.items():
+            if n_stats:
+                f.create_dataset("sumsq", data=torch.cat(sumsq[b]).numpy(), fletcher32=True)
+    finally:
+        for f in files.values():
+            f.close()
+    rec = {"format_version": FORMAT_VERSION, "split": split, "lo": int(lo), "hi": int(lo + m),
+           "boundaries": [int(b) for b in boundaries], "dtype": dtype, "seq_len": seq_len, "hidden_size": hidden,
+           "batch_size": int(batch_size), "stats_rows": int(n_stats), **extra,
+           "files": {f"b{b}": {"name": f"b{b}.h5", "bytes": (folder / f"b{b}.h5").stat().st_size,
+                               "sha256": file_sha256(folder / f"b{b}.h5")} for b in boundaries},
+           "build_seconds": time.perf_counter() - t0, "started": started, "finished": time.time(),
+           "peak_rss_mib": peak_rss() if peak_rss else None}
+    write_json(folder / SHARD_FILE, rec)
+    return rec
+
+
+def read_shard_record(folder: str | os.PathLike) -> dict[str, Any]:
+    """A shard's ``shard.json``. Raises :class:`BoundaryStoreError` if it is missing."""
+    p = Path(folder) / SHARD_FILE
+    if not p.is_file():
+        raise BoundaryStoreError(f"boundary shard {folder} has no {SHARD_FILE} (incomplete or not a shard)")
+    return json.loads(p.read_text())
+
+
+def shard_problem(folder: str | os.PathLike, rec: Mapping[str, Any] | None = None) -> str | None:
+    """Cheap completeness check of a shard folder (record present, every file present with its
+    recorded size): ``None`` when sound, else what is wrong. Content is checked on read (the file's
+    SHA-256 when first opened, each sequence's xxh3_64 on every read)."""
+    try:
+        rec = rec if rec is not None else read_shard_record(folder)
+    except BoundaryStoreError as e:
+        return str(e)
+    for f in rec["files"].values():
+        p = Path(folder) / f["name"]
+        if not p.is_file() or p.stat().st_size != f["bytes"]:
+            return f"{p} is missing or not {f['bytes']} bytes"
+    return None
+
+
+def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.PathLike], n: Mapping[str, int],
+                extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the join of ``shard_folders`` into ``folder`` (which must exist): ``manifest.json``
+    and the per-channel statistics. Reads only the shards' records and statistics rows.
+
+    Args:
+        n: ``{"train": n_train, "val": n_val}``. extra: entries the manifest must carry (and every
+            shard must agree with), e.g. fingerprints.
+
+    Raises:
+        BoundaryStoreError: a shard is incomplete, the shards disagree on shape or manifest, or
+            they do not tile both splits exactly.
+    """
+    folder = Path(folder)
+    recs = []
+    for sf in shard_folders:
+        rec = read_shard_record(sf)
+        problem = shard_problem(sf, rec)
+        if problem:
+            raise BoundaryStoreError(f"boundary shard {sf}: {problem}")
+        recs.append((Path(sf), rec))
+    first = recs[0][1]
+    for sf, rec in recs:
+        for k in (*SHAPE_KEYS, *extra):
+            want = extra[k] if k in extra else first.get(k)
+            if rec.get(k) != want:
+                raise BoundaryStoreError(f"boundary shard {sf} disagrees with the store on {k}: {rec.get(k)!r} vs {want!r}")
+    for s in ("train", "val"):
+        ranges = sorted((r["lo"], r["hi"]) for _, r in recs if r["split"] == s)
+        ends = [0] + [hi for _, hi in ranges]
+        if [lo for lo, _ in ranges] != ends[:-1] or ends[-1] != int(n[s]):
+            raise BoundaryStoreError(f"the shards' {s} ranges {ranges} do not tile 0..{n[s]}")
+    bs, seq_len = first["boundaries"], first["seq_len"]
+    for b in bs:
+        rows = []
+        for sf, rec in sorted(recs, key=lambda x: (x[1]["split"], x[1]["lo"])):
+            if rec["stats_rows"]:
+                rows.append(torch.from_numpy(_read_sumsq(sf, rec["files"][f"b{b}"])))
+        np.save(folder / f"stats-b{b}.npy", rms_from_sumsq(torch.cat(rows), seq_len).numpy())
+    stats = {f"b{b}": file_sha256(folder / f"stats-b{b}.npy") for b in bs}  # checked by BoundaryReader.stats
+    shards = [{"split": r["split"], "lo": r["lo"], "hi": r["hi"], "dir": os.path.relpath(sf, folder),
+               "files": r["files"], "build_seconds": r["build_seconds"], "peak_rss_mib": r.get("peak_rss_mib")}
+              for sf, r in recs]
+    peaks = [r["peak_rss_mib"] for r in shards if r["peak_rss_mib"] is not None]
+    manifest = {k: first.get(k) for k in SHAPE_KEYS} | dict(extra) | {
+        "n_train": int(n["train"]), "n_val": int(n["val"]), "n_shards": len(recs), "shards": shards, "stats": stats,
+        "bytes": sum(f["bytes"] for _, r in recs for f in r["files"].values()),
+        "build_seconds": sum(r["build_seconds"] for _, r in recs),  # teacher compute: the sum over shards
+        "build_wall_seconds": max(r["finished"] for _, r in recs) - min(r["started"] for _, r in recs),
+        "peak_rss_mib": max(peaks) if peaks else None}  # the largest shard task's peak resident memory
+    write_json(folder / MANIFEST, manifest)
+    return manifest
+
+
+def _read_sumsq(folder: Path, entry: Mapping[str, Any]) -> np.ndarray:
+    """A shard file's ``sumsq`` rows, once its bytes match the SHA-256 its record holds. Raises
+    :class:`BoundaryStoreError` naming the file (and moves the shard aside) on any mismatch or
+    HDF5 error, so that the next run rebuilds that shard."""
+    path = folder / entry["name"]
+    try:
+        if file_sha256(path) != entry["sha256"]:
+            raise BoundaryStoreError("its SHA-256 differs from the one recorded when it was written")
+        with h5py.File(path, "r") as f:
+            return f["sumsq"][...]
+    except Exception as e:
+        moved = quarantine(folder)
+        where = f"; moved the shard aside to {moved}, the next run rebuilds it" if moved else ""
+        raise BoundaryStoreError(f"boundary shard file {path}: {e}{where}") from e
+
+
+def build_store(folder: str | os.PathLike, teacher, tokens: Mapping[str, np.ndarray], boundaries: Sequence[int],
+                dtype: str, batch_size: int, extra: Mapping[str, Any], shard_sequences: int = 1024,
+                progress: Callable[[int, int], None] | None = None, log=print) -> dict[str, Any]:
+    """Build a whole store in one process (no task graph): every shard under ``folder/shards/``,
+    then the join in ``folder`` (atomically). The pipeline runs the same two steps as tasks.
+
+    Args:
+        teacher: causal LM or base model (eval). tokens: ``{"train": int [n, T], "val": ...}``.
+        progress: called as ``progress(done_sequences, total_sequences)``.
+
+    Returns the manifest.
+    """
+    n = {s: len(tokens[s]) for s in ("train", "val")}
+    total, hidden = sum(n.values()), int(teacher.config.hidden_size)
+    log(f"boundary store: {planned_bytes(total, tokens['train'].shape[1], hidden, len(boundaries), dtype) / 2**20:.1f} "
+        f"MiB in {len(plan_shards(n, shard_sequences))} shard(s) to {folder}")
+    with atomic_path(folder) as tmp:
+        tmp.mkdir(parents=True)
+        shard_dirs, done = [], 0
+        for split, lo, hi in plan_shards(n, shard_sequences):
+            sd = tmp / "shards" / f"{split}-{lo:08d}"
+            sd.mkdir(parents=True)
+            write_shard(sd, teacher, tokens[split][lo:hi], split, lo, boundaries, dtype, batch_size, extra,
+                        progress=(lambda d, m, base=done: progress(base + d, total)) if progress else None)
+            done += hi - lo
+            shard_dirs.append(sd)
+        manifest = join_shards(tmp, shard_dirs, n, extra)
+    return manifest

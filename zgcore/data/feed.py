@@ -1,0 +1,253 @@
+"""The input pipeline of cached training: batches are read and checked ahead
+of the training step by background workers, at most ``ahead`` batches in flight per worker, in the
+same order and with the same bytes as a synchronous read.
+
+Two kinds of worker (``train.prefetch_mode``):
+
+* ``"thread"`` (default): threads of this process, each iterating its share of the batches into a
+  queue bounded by a semaphore (the standard library's ``threading`` and ``queue``). A format-4
+  store is read with ``os.preadv`` and checked with xxh3 and numpy's ``isfinite``, all of which
+  release the GIL, so a reading thread does not hold up the training thread, and a batch reaches
+  the step as the very tensor the worker filled: no copy into shared memory and no file
+  descriptor passed per tensor. Measured (``bench/data_feed.py``), handing a batch over from a
+  worker *process* cost the consumer ~1-5 ms per batch (DataLoader's ``file_descriptor`` sharing
+  connects to the worker per tensor), more than 5% of a 20 ms step.
+* ``"process"``: PyTorch's own :class:`torch.utils.data.DataLoader` (worker processes over an
+  ``IterableDataset``, each reading every ``workers``-th batch; ``prefetch_factor`` = ``ahead``;
+  ``pin_memory`` on CUDA). For sources that hold the GIL while they read (a format-3 store: h5py
+  holds it for the whole of each HDF5 read, so a reading thread delays the training thread's
+  kernel launches by up to a read plus Python's 5 ms switch interval).
+
+Either way an error in a worker (a damaged shard: :class:`~zgcore.data.boundary_store.BoundaryStoreError`)
+is handed over as a value and raised in the consumer with its own type and message, at the batch
+that needed it.
+"""
+from __future__ import annotations
+
+import multiprocessing
+from functools import partial
+from typing import Callable, Iterator, TypeVar
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+T = TypeVar("T")
+
+
+class _Raised:
+    """An exception raised by the source in the worker, carried to the consumer as a value."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class _Source(IterableDataset):
+    """Worker ``w`` of ``W`` produces the items ``w, w+W, w+2W, ...`` of ``make_source(w, W)``;
+    an exception ends them as a :class:`_Raised`."""
+
+    def __init__(self, make_source: Callable[[int, int], Iterator]):
+        super().__init__()
+        self.make_source = make_source
+
+    def __iter__(self):
+        info = get_worker_info()
+        try:
+            yield from self.make_source(info.id, info.num_workers)
+        except Exception as e:  # noqa: BLE001 (raised again, unchanged, in the consumer)
+            yield _Raised(e)
+
+
+def _as_is(item):
+    return item
+
+
+def _context() -> str:
+    """``fork`` where there is one (the worker starts in milliseconds and inherits the source),
+    else ``spawn`` (``make_source`` must then be picklable)."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+MODES = ("thread", "process")
+
+
+def prefetch(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_memory: bool = False,
+             workers: int = 1, mode: str = "thread") -> Iterator[T]:
+    """Yield the items of a source in order, produced ahead of the consumer by ``workers`` worker
+    threads or processes (``mode``; ``ahead`` <= 0: ``make_source(0, 1)`` itself, in this thread).
+
+    Worker ``w`` of ``W`` iterates ``make_source(w, W)``, which must yield the items ``w, w+W,
+    w+2W, ...`` of the whole sequence (``make_source(0, 1)`` yields all of them); the DataLoader
+    takes them from the workers in turn, so they come out in order. Each worker has at most
+    ``ahead`` items requested and not yet handed out (``prefetch_factor``): while the consumer
+    works on item ``i``, at most ``ahead * workers`` items beyond it are being produced or waiting,
+    which bounds the memory held. Tensors cross through shared memory; with ``pin_memory`` (needs
+    CUDA) they arrive in page-locked memory, ready for ``.to(device, non_blocking=True)``.
+
+    An exception raised by the source is raised here, same type and message, when the consumer
+    reaches the item that failed; the items before it are handed out first. Closing this
+    generator stops the workers.
+
+    Args:
+        make_source: ``make_source(worker, workers)``, called once in each worker (picklable
+            where there is no ``fork``; a :func:`functools.partial` of :func:`store_batches` is).
+        ahead: items in flight per worker (>= 0). pin_memory: page-locked results (CUDA only).
+        workers: worker threads or processes (>= 1).
+        mode: ``"thread"`` or ``"process"`` (see the module's docstring).
+
+    Raises:
+        ValueError: an unknown ``mode``. Whatever the source raises, at its item.
+    """
+    if mode not in MODES:
+        raise ValueError(f"prefetch mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if ahead <= 0:
+        yield from make_source(0, 1)
+        return
+    if mode == "thread":
+        yield from _threaded(make_source, int(ahead), pin_memory, max(1, int(workers)))
+        return
+    # a generator of its own: the DataLoader draws its workers' base seed from it, and drawing from
+    # the global one would change the torch RNG state a checkpoint records
+    loader = DataLoader(_Source(make_source), batch_size=None, num_workers=max(1, int(workers)),
+                        prefetch_factor=int(ahead), pin_memory=pin_memory, collate_fn=_as_is,
+                        multiprocessing_context=_context(), generator=torch.Generator().manual_seed(0))
+    it = iter(loader)
+    try:
+        for item in it:
+            if isinstance(item, _Raised):
+                raise item.error
+            yield item
+    finally:
+        it._shutdown_workers()  # at once, not when garbage collected
+
+
+_END = object()
+
+
+def _pinned(item):
+    """``item`` (a tensor, or a tuple of tensors and other values) with its tensors in page-locked memory."""
+    if isinstance(item, torch.Tensor):
+        return item if item.is_pinned() else item.pin_memory()
+    if isinstance(item, tuple):
+        return tuple(_pinned(x) for x in item)
+    return item
+
+
+def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_memory: bool, workers: int) -> Iterator[T]:
+    """:func:`prefetch` with worker threads: worker ``w`` takes a slot (one of ``ahead``) before it
+    produces an item and the consumer gives it back when it takes the item, so at most ``ahead``
+    items per worker are being produced or waiting; the consumer takes item ``k`` from worker
+    ``k % workers``. Closing the generator stops the workers (each at its next slot) and waits for them."""
+    import queue
+    import threading
+
+    stop = threading.Event()
+    slots = [threading.Semaphore(ahead) for _ in range(workers)]
+    queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(workers)]
+
+    def work(w: int) -> None:
+        source = None
+        try:
+            source = make_source(w, workers)  # may raise too: handed over like any error of the source
+            while True:
+                while not slots[w].acquire(timeout=0.05):
+                    if stop.is_set():
+                        return
+                if stop.is_set():
+                    return
+                try:
+                    item = next(source)
+                except StopIteration:
+                    queues[w].put(_END)
+                    return
+                queues[w].put(_pinned(item) if pin_memory else item)
+        except BaseException as e:  # noqa: BLE001 (raised again, unchanged, in the consumer: never leave it waiting)
+            queues[w].put(_Raised(e))
+        finally:
+            if source is not None and hasattr(source, "close"):
+                source.close()
+
+    threads = [threading.Thread(target=work, args=(w,), name=f"zerograph-prefetch-{w}", daemon=True) for w in range(workers)]
+    for th in threads:
+        th.start()
+    try:
+        k = 0
+        while True:
+            w = k % workers
+            while True:  # a worker that died without handing anything over must not hang the consumer
+                try:
+                    item = queues[w].get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if not threads[w].is_alive() and queues[w].empty():
+                        raise RuntimeError(f"prefetch worker {w} ended without an item, an end or an error") from None
+            if item is _END:
+                return
+            slots[w].release()
+            if isinstance(item, _Raised):
+                raise item.error
+            yield item
+            k += 1
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
+
+
+def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: int, start: int,
+                  steps: int, worker: int = 0, workers: int = 1,
+                  pin_memory: bool = False) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
+    """The batches of training steps ``start + worker, start + worker + workers, ...`` (below
+    ``steps``; all of ``start .. steps-1`` by default) of a block: ``(step, idx, x, y)`` with
+    ``idx`` the step's sequence indices (int64), ``x`` / ``y`` boundaries ``b_in`` / ``b_out``
+    of those sequences (``[len(idx), seq_len, hidden]`` in the store's dtype, float32 / bfloat16 /
+    float16, as :meth:`~zgcore.data.boundary_store.BoundaryReader.read` returns them: the consumer
+    widens with ``.float()`` after copying them to its device). Step ``s`` is batch
+    ``s % per_epoch`` of epoch ``s // per_epoch`` in :func:`zgcore.training.loop.data_order`.
+
+    ``reader``: a :class:`~zgcore.data.boundary_store.BoundaryReader`, or the store's folder (opened
+    here, and closed at the end: what a worker does; with ``pin_memory`` the batches are read
+    straight into page-locked memory). Raises as the reader's ``read``.
+    """
+    from zgcore.data.boundary_store import BoundaryReader
+    from zgcore.data.order import data_order
+
+    own = not isinstance(reader, BoundaryReader)
+    r = BoundaryReader(reader, pin_memory=pin_memory) if own else reader
+    per_epoch = (n + batch_size - 1) // batch_size
+    epoch, order = -1, None
+    try:
+        for step in range(start + worker, steps, workers):
+            e, k = divmod(step, per_epoch)
+            if e != epoch:
+                epoch, order = e, data_order(n, seed, e)
+            idx = order[k * batch_size: (k + 1) * batch_size]
+            yield step, idx, r.read("train", b_in, idx), r.read("train", b_out, idx)
+    finally:
+        if own:
+            r.close()
+
+
+def block_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: int, start: int, steps: int,
+                  ahead: int, pin_memory: bool = False, workers: int = 1,
+                  mode: str = "thread") -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
+    """:func:`store_batches` of ``reader``, read ``ahead`` batches ahead by each of ``workers``
+    worker threads or processes (``mode``) that open the store themselves (:func:`prefetch`), or
+    in this thread with ``ahead`` = 0. A format-3 store is always read ahead by processes (h5py
+    holds the GIL through each of its Fletcher32-filtered reads)."""
+    if ahead <= 0:
+        return store_batches(reader, b_in, b_out, n, seed, batch_size, start, steps)
+    if mode == "thread" and reader.version < 4:  # format 3: h5py holds the GIL through each read
+        mode = "process"
+    # a worker thread's reader fills page-locked memory itself (no second copy); a worker process
+    # must not touch CUDA, so there the DataLoader pins what it hands over
+    in_reader = pin_memory and mode == "thread"
+    return prefetch(partial(store_batches, str(reader.root), b_in, b_out, n, seed, batch_size, start, steps,
+                            pin_memory=in_reader), ahead, pin_memory and not in_reader, workers, mode)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``: an asynchronous copy (``non_blocking``) from page-locked memory to a
+    CUDA device, a plain ``.to`` otherwise. The bytes and dtype are those of ``t`` either way
+    (widen 16-bit boundaries with ``.float()`` afterwards, on the device)."""
+    return t.to(device, non_blocking=device.type == "cuda" and t.is_pinned())

@@ -1,0 +1,254 @@
+"""Student blocks over teacher layers, boundary capture, the teacher's whole head, and assembly
+of blocks into one causal LM — for every family in :mod:`zgcore.models.families`.
+
+Boundaries are the raw residual stream between decoder layers, captured with hooks on the
+layers themselves (HF ``output_hidden_states`` applies the final norm to its last entry).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from zgcore.models.channels import mlp_width, pad_layer, prune_layer, top_channels
+from zgcore.models.families import ADAPTERS, FamilyAdapter, adapter_for, attn_implementation  # noqa: F401 (re-exported)
+
+
+class StudentBlock(nn.Module):
+    """A student block: a stack of decoder layers mapping residual stream to residual stream.
+
+    ``forward(h)`` takes ``h`` of shape ``[batch, seq, hidden]`` (float32) — the residual stream at
+    boundary i — and returns the residual stream at boundary i+1, same shape and dtype, with
+    positions ``0..seq-1`` and a causal mask. It wraps the family's own HF base model (so rotary
+    embeddings, masks and attention are transformers' code) with its embedding shrunk to one
+    token, positional embedding zeroed and frozen (GPT-2), and its final norm removed.
+
+    Args:
+        teacher_config: the teacher's HF config.
+        layer_indices: which teacher layers this block's layers correspond to (for per-layer
+            config such as ``layer_types``); the block has ``len(layer_indices)`` layers.
+        intermediate_size: the MLP width of the block's layers (None: the teacher's).
+    """
+
+    def __init__(self, teacher_config, layer_indices: Sequence[int], intermediate_size: int | None = None):
+        super().__init__()
+        from transformers import AutoModel
+
+        self.adapter = adapter_for(teacher_config)
+        cfg = self.adapter.sub_config(teacher_config, layer_indices, headless=True)
+        self.width = int(intermediate_size or mlp_width(teacher_config))
+        setattr(cfg, self.adapter.width_key, self.width)
+        self.body = AutoModel.from_config(cfg, attn_implementation=attn_implementation(cfg))
+        setattr(self.body, self.adapter.norm, nn.Identity())
+        if hasattr(self.body, "wpe"):
+            nn.init.zeros_(self.body.wpe.weight)
+            self.body.wpe.weight.requires_grad_(False)
+        for p in self.body.get_input_embeddings().parameters():
+            p.requires_grad_(False)
+        for j, layer in enumerate(self.layers):
+            _set_layer_idx(layer, j)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The block's decoder layers."""
+        return getattr(self.body, self.adapter.layers)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.body(inputs_embeds=h, use_cache=False).last_hidden_state
+
+    def layer_state_dict(self) -> dict[str, torch.Tensor]:
+        """Trainable weights only, keyed ``layers.<j>.<name>`` (contiguous tensors)."""
+        return {f"layers.{k}": v.detach().contiguous() for k, v in self.layers.state_dict().items()}
+
+    def load_layer_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Load weights saved by :meth:`layer_state_dict`. Raises on missing/unexpected keys."""
+        self.layers.load_state_dict({k[len("layers."):]: v for k, v in sd.items()}, strict=True)
+
+
+def _set_layer_idx(layer: nn.Module, j: int) -> None:
+    for mod in layer.modules():
+        if hasattr(mod, "layer_idx"):
+            mod.layer_idx = j
+
+
+def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
+                device: torch.device | str | None = None, intermediate_size: int | None = None,
+                channels: Sequence[Sequence[float]] | None = None) -> StudentBlock:
+    """Build a student block over teacher layers ``layer_indices``.
+
+    Args:
+        teacher: the teacher as a causal LM (``nn.Module``), or a lazy layer source — anything
+            with ``config`` and ``layer_weights(i) -> {name: tensor}`` (teacher layer ``i``'s
+            weights keyed as in the layer's ``state_dict``), e.g.
+            :class:`zgcore.models.teacher_weights.LazyLayers`, which reads only the requested layers.
+        init: ``"teacher"`` copies those teacher layers' weights; ``"random"`` keeps the
+            family's own random initialisation drawn with ``seed``.
+        device: where the block goes (default: the teacher's device).
+        intermediate_size: an MLP width narrower than the teacher's; with ``init="teacher"`` each
+            layer keeps its channels of largest mean |activation| (``channels[i]``: teacher layer
+            i's per-channel magnitudes, :func:`zgcore.models.students.measure`).
+
+    Returns a float32 block in train mode.
+
+    Raises:
+        KeyError: a source lacks a layer's weight.
+        ValueError: a narrower teacher-initialised block without ``channels``.
+    """
+    torch.manual_seed(seed)
+    block = StudentBlock(teacher.config, layer_indices, intermediate_size)
+    if init == "teacher":
+        weights = teacher.layer_weights if hasattr(teacher, "layer_weights") else module_layer_weights(teacher)
+        narrow = intermediate_size is not None and block.width != mlp_width(teacher.config)
+        if narrow and channels is None:
+            raise ValueError("a narrower teacher-initialised block needs the teacher's channel magnitudes")
+        for j, i in enumerate(layer_indices):
+            want = block.layers[j].state_dict()
+            got = weights(i)
+            missing = sorted(set(want) - set(got))
+            if missing:
+                raise KeyError(f"teacher layer {i} has no weights for {missing[:3]}")
+            sd = {k: got[k] for k in want}
+            block.layers[j].load_state_dict(prune_layer(sd, teacher.config, top_channels(channels[i], block.width))
+                                            if narrow else sd)
+    if device is None:
+        device = teacher.device if not isinstance(teacher, nn.Module) else next(teacher.parameters()).device
+    return block.to(device)
+
+
+def module_layer_weights(teacher: nn.Module):
+    """``i -> state_dict of decoder layer i`` of a loaded teacher (the in-memory layer source)."""
+    layers = adapter_for(teacher).decoder_layers(teacher)
+    return lambda i: layers[i].state_dict()
+
+
+@torch.no_grad()
+def capture_boundaries(teacher: nn.Module, input_ids: torch.Tensor, boundaries: Sequence[int]) -> dict[int, torch.Tensor]:
+    """Run the frozen teacher and return the raw residual stream at each boundary.
+
+    Args:
+        teacher: a causal LM of a supported family.
+        input_ids: ``[batch, seq]`` int64 token ids.
+        boundaries: layer indices; ``b`` means the input of layer ``b`` (``b = n_layers``: the
+            output of the last layer, before the final norm).
+
+    Returns:
+        ``{b: tensor[batch, seq, hidden] float32}``. Only layers up to ``max(boundaries)`` run;
+        the final norm and LM head never do.
+    """
+    ad = adapter_for(teacher)
+    layers = ad.decoder_layers(teacher)
+    out: dict[int, torch.Tensor] = {}
+    hooks = []
+    last = max(boundaries)
+
+    class _Stop(Exception):
+        pass
+
+    def pre_hook(_m, args, kwargs):
+        out[0] = (args[0] if args else kwargs["hidden_states"]).detach().float().clone()
+        if last == 0:
+            raise _Stop
+
+    def make_hook(b):
+        def hook(_m, _args, output):
+            out[b] = (output[0] if isinstance(output, tuple) else output).detach().float().clone()
+            if b == last:
+                raise _Stop
+        return hook
+
+    if 0 in boundaries:
+        hooks.append(layers[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
+    for b in boundaries:
+        if b > 0:
+            hooks.append(layers[b - 1].register_forward_hook(make_hook(b)))
+    from zgcore.device import autocast
+
+    try:
+        with autocast(input_ids.device):
+            ad.base_model(teacher)(input_ids=input_ids, use_cache=False)
+    except _Stop:
+        pass
+    finally:
+        for h in hooks:
+            h.remove()
+    return {b: out[b] for b in boundaries}
+
+
+def head_logits(teacher: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The teacher's whole head on residual stream ``h`` ``[B, T, H]`` → logits ``[B, T, V]``: final
+    norm, LM head, then what the family's causal LM does after the head (Granite's logit scaling,
+    Gemma's final-logit soft-capping), so cross-entropy on these logits is the teacher's own."""
+    ad = adapter_for(teacher)
+    logits = teacher.get_output_embeddings()(getattr(ad.base_model(teacher), ad.norm)(h))
+    return ad.finish_logits(teacher.config, logits)
+
+
+def head_only(teacher: nn.Module) -> nn.Module:
+    """The teacher with its decoder layers removed and every weight frozen, in place: what
+    :func:`head_logits` needs (final norm and LM head; the embedding stays when tied to the head).
+    Frees the layers' memory once nothing else refers to them. Returns ``teacher``."""
+    base = adapter_for(teacher).base_model(teacher)
+    setattr(base, adapter_for(teacher).layers, nn.ModuleList())
+    return teacher.requires_grad_(False)
+
+
+def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
+    """Stitch the teacher's embedding, ``blocks`` in order, and its final norm and LM head into one
+    causal LM of the teacher's family (a fresh module; the teacher is not modified).
+
+    Blocks of different MLP widths: the config carries the widest, and narrower blocks' layers
+    get zero channels appended (:func:`zgcore.models.channels.pad_layer`), which computes exactly the same
+    function (HF configs have one ``intermediate_size`` for all layers).
+
+    Returns a float32 ``AutoModelForCausalLM`` in eval mode with ``sum(len(block.layers))`` layers.
+    """
+    from transformers import AutoModelForCausalLM
+
+    ad = adapter_for(teacher)
+    width = max(b.width for b in blocks)
+    total = sum(len(b.layers) for b in blocks)
+    layer_types = []
+    for b in blocks:
+        lt = getattr(b.body.config, "layer_types", None)
+        layer_types += list(lt) if lt is not None else []
+    cfg = ad.sub_config(teacher.config, range(total), headless=False)
+    if width != mlp_width(teacher.config):
+        setattr(cfg, ad.width_key, width)
+    if layer_types:
+        cfg.layer_types = layer_types
+    with torch.device("meta"):
+        student = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg))
+    prefix = ad.layer_prefix()
+    sd = {k: v for k, v in teacher.state_dict().items() if not k.startswith(prefix)}
+    offset = 0
+    for b in blocks:
+        for j, layer in enumerate(b.layers):
+            lsd = layer.state_dict()
+            for k, v in (pad_layer(lsd, teacher.config, b.width, width) if b.width < width else lsd).items():
+                sd[f"{prefix}{offset + j}.{k}"] = v.detach().clone()
+        offset += len(b.layers)
+    student.load_state_dict(sd, strict=False, assign=True)
+    missing = [n for n, p in student.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"assembled student has unfilled parameters: {missing[:5]}")
+    if cfg.tie_word_embeddings:
+        student.tie_weights()
+    # Non-persistent buffers (rotary inv_freq, GPT-2 masks) were created on meta; rebuild them.
+    _materialise_buffers(student, teacher)
+    return student.eval()
+
+
+def _materialise_buffers(student: nn.Module, teacher: nn.Module) -> None:
+    tbufs = dict(teacher.named_buffers())
+    for name, buf in list(student.named_buffers()):
+        if buf.is_meta:
+            mod_name, _, attr = name.rpartition(".")
+            mod = student.get_submodule(mod_name)
+            src = tbufs.get(name)
+            if src is None:  # a per-layer buffer under a renumbered layer: take any layer's twin
+                generic = [n for n in tbufs if n.split(".")[-1] == attr and n.endswith(name.split(".", 3)[-1])]
+                src = tbufs[generic[0]] if generic else None
+            if src is None:
+                raise RuntimeError(f"cannot materialise buffer {name}")
+            mod.register_buffer(attr, src.detach().clone(), persistent=name in student.state_dict())

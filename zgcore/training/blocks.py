@@ -1,0 +1,232 @@
+"""ZeroGraph block training: one student block learns boundary i -> i+1 on :class:`~zgcore.training.loop.TrainLoop`.
+
+Each block has its own parameters, optimizer (AdamW), data order and noise stream, all derived
+from its seed and index; the loop checkpoints atomically every ``checkpoint_every`` steps into the
+block's own work folder, so a run killed at any step and started again resumes from the last
+checkpoint and ends with the same bytes as an uninterrupted run. Also here: the block's step
+count, the effective train settings (what a block's hash covers) and the weight writer.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from zgcore.atomic import atomic_path
+from zgcore.data.boundary_store import BoundaryReader
+from zgcore.device import autocast
+from zgcore.data.feed import block_batches, to_device
+from zgcore.data.order import data_order
+from zgcore.training.loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, load_checkpoint, lr_at  # noqa: F401 (re-exported)
+from zgcore.training.loop import StepInfo, loss_metrics, state_digest  # noqa: F401 (state_digest re-exported)
+from zgcore.training.objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, objective_settings, regression_loss
+
+
+def block_seed(seed: int, block: int) -> int:
+    """The RNG seed of block ``block`` in an experiment seeded ``seed`` (distinct per block)."""
+    return int(np.random.SeedSequence([int(seed), int(block)]).generate_state(1)[0])
+
+
+def total_steps(n_train: int, t: Mapping[str, Any]) -> int:
+    """Optimizer steps for a block: ``max_steps`` if set, else ``ceil(epochs * batches_per_epoch)``."""
+    if int(t["max_steps"]):
+        return int(t["max_steps"])
+    per_epoch = (n_train + int(t["batch_size"]) - 1) // int(t["batch_size"])
+    return max(1, math.ceil(float(t["epochs"]) * per_epoch))
+
+
+def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
+    """The block train settings ``t`` less those that cannot change its result under the rest of
+    ``t`` — what a block's hash covers (a hash covers what takes effect):
+
+    * objective-specific settings (see :attr:`~zgcore.training.objectives.Objective.reads`) the chosen
+      objective does not read (``clean`` draws no noise: ``noise`` goes);
+    * ``epochs`` when ``max_steps`` is set (``max_steps`` wins);
+    * ``keep_fraction`` when ``n_layers`` is set;
+    * ``checkpoint_every`` (a resumed run ends with the same bytes as an uninterrupted one),
+      ``prefetch`` and ``prefetch_workers`` (batches read ahead have the same order and bytes) and
+      ``tensorboard`` (a view);
+    * ``intermediate_size`` when None, and ``importance_sequences`` when nothing is measured
+      (neither ``keep="importance"`` nor a narrower MLP: see :func:`zgcore.models.students.needs_measure`);
+    * ``ce_weight`` when 0, ``mtp_weight`` and ``mtp_n`` when ``mtp_weight`` is 0 (a term of
+      weight 0 is not computed), so experiments without local auxiliary terms keep their hashes.
+    * ``lrs`` and ``lr_rounds`` without an lr search (``lrs`` empty), so blocks without one keep
+      their hashes; ``lr`` with one (the search chooses it).
+
+    Raises ``KeyError`` for an unknown objective (validated earlier by ``zgcore.config.experiment``).
+    """
+    out = dict(t)
+    for k in objective_settings() - set(OBJECTIVES[out["objective"]].reads):
+        out.pop(k, None)
+    if int(out.get("max_steps") or 0):
+        out.pop("epochs", None)
+    if out.get("n_layers") is not None:
+        out.pop("keep_fraction", None)
+    for k in ("checkpoint_every", "prefetch", "prefetch_workers", "prefetch_mode", "tensorboard"):
+        out.pop(k, None)
+    if out.get("intermediate_size") is None:
+        out.pop("intermediate_size", None)
+        if out.get("keep") != "importance":
+            out.pop("importance_sequences", None)
+    if out.get("lrs"):
+        out.pop("lr", None)
+    else:
+        out.pop("lrs", None)
+        out.pop("lr_rounds", None)
+        out.pop("tune", None)
+    active = aux_active(out)
+    if "ce" not in active:
+        out.pop("ce_weight", None)
+    if "mtp" not in active:
+        out.pop("mtp_weight", None)
+        out.pop("mtp_n", None)
+    return out
+
+
+def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: int, t: Mapping[str, Any],
+                seed: int, work: Path, run_hash: str,
+                progress: Callable[[int, int, float], None] | None = None, name: str | None = None,
+                head: Callable[[torch.Tensor], torch.Tensor] | None = None, tokens: np.ndarray | None = None,
+                callbacks: Sequence[Callable[[StepInfo], None]] = ()) -> dict[str, Any]:
+    """Train ``block`` to map boundary ``b_in`` to boundary ``b_out`` under objective ``t["objective"]``.
+
+    The loss is :func:`~zgcore.training.objectives.regression_loss` with ``t["loss_norm"]``; its channel
+    scale comes from the boundary the objective names (:meth:`~zgcore.training.objectives.Objective.scale_boundary`).
+    With ``t["ce_weight"]`` or ``t["mtp_weight"]`` > 0 the local auxiliary terms of
+    :func:`~zgcore.training.objectives.aux_losses` on ``head(block(input))`` are added with those weights;
+    the loss log then has the columns ``loss`` (the total), ``regression``, and ``ce`` / ``mtp``.
+
+    From a :class:`~zgcore.data.boundary_store.BoundaryReader`, ``t["prefetch"]`` batches (0 = none)
+    are read and checked ahead of the step by each of ``t["prefetch_workers"]``
+    worker processes (:func:`zgcore.data.feed.block_batches`), into page-locked memory when the block is on CUDA, and
+    copied with ``non_blocking`` in the store's dtype, then widened to float32 on the device
+    (``.float()``: exact, so a bfloat16 / float16 store moves half the bytes and trains the same
+    weights as float32-widened batches of it): the same batches in the same order with the same bytes as a
+    synchronous read, so the weights are bitwise identical either way. Online targets are
+    computed synchronously.
+
+    Args:
+        block: a :class:`~zgcore.models.adapters.StudentBlock` (float32), modified in place.
+        reader: the boundary store (or :class:`~zgcore.data.boundary_store.OnlineBoundaries`).
+        t: the block's resolved train settings.
+        seed: the block's own seed (see :func:`block_seed`). work: folder for checkpoints and logs
+            (kept across interruptions). run_hash: the task's hash; a checkpoint written under
+            another hash is never resumed from.
+        progress: called as ``progress(step, total_steps, loss)``. name: used in messages.
+        head: the teacher's frozen final norm and LM head, residual stream ``[B, T, H]`` float32 to
+            logits ``[B, T, V]`` (e.g. ``lambda h: head_logits(teacher, h)``); needed by the auxiliary terms.
+        tokens: the train split's token ids ``[n_train, T]`` int64, in the store's sequence order
+            (``tokens[i]`` produced boundary sequence ``i``); needed by the auxiliary terms.
+        callbacks: :class:`~zgcore.training.loop.TrainLoop` callbacks (e.g. :class:`zgcore.training.watch.TensorBoardWatch`).
+
+    Returns:
+        Metrics: ``steps``, ``first_loss``, ``final_loss`` (mean of the last 10% of steps),
+        ``seconds`` (wall, s), ``data_seconds``, ``compute_seconds``, ``resumed_from``; with auxiliary
+        terms also ``final_regression``, ``final_ce`` / ``final_mtp`` (unweighted, nats/token for the terms).
+
+    Raises:
+        NonFiniteError: a non-finite loss or gradient norm (the last checkpoint stays in ``work``).
+        BoundaryStoreError: a damaged shard (also when the prefetching worker read it: the same
+            error and message, raised at the step that needs the batch).
+        ValueError: auxiliary terms without ``head`` and ``tokens``, or ``tokens`` of another length than the store.
+    """
+    active = aux_active(t)
+    if active and (head is None or tokens is None or len(tokens) != reader.n("train")):
+        raise ValueError(f"train.ce_weight / train.mtp_weight need the teacher's head and the {reader.n('train')} train "
+                         f"token sequences, got head={head is not None}, tokens={None if tokens is None else len(tokens)}")
+    device = next(block.parameters()).device
+    n = reader.n("train")
+    bs = int(t["batch_size"])
+    per_epoch = (n + bs - 1) // bs
+    objective = OBJECTIVES[t["objective"]]
+    target_scale = reader.stats(objective.scale_boundary(b_in, b_out))
+    in_scale = reader.stats(b_in)
+    params = [p for p in block.parameters() if p.requires_grad]
+    loop = TrainLoop(name or f"block {b_in}->{b_out}", [params], t, total_steps(n, t), work, run_hash,
+                     {"block": block}, ["loss", "regression", *active] if active else ["loss"], callbacks=callbacks)
+    cached = isinstance(reader, BoundaryReader)
+    ahead = int(t.get("prefetch") or 0) if cached else 0
+
+    def reads(step: int) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
+        """``(step, idx, x, y)`` from ``step`` on, on the CPU (:func:`zgcore.data.feed.store_batches`)."""
+        if cached:
+            yield from block_batches(reader, b_in, b_out, n, seed, bs, step, loop.steps, ahead, device.type == "cuda",
+                                     int(t.get("prefetch_workers") or 1), str(t.get("prefetch_mode") or "thread"))
+            return
+        while True:  # online targets: the teacher runs here, synchronously
+            epoch, k = divmod(step, per_epoch)
+            order = data_order(n, seed, epoch)
+            for kb, x, y in reader.batches("train", b_in, b_out, order, bs, start=k):
+                yield step, order[kb * bs: (kb + 1) * bs], x, y
+                step += 1
+
+    def pairs(step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        for s, idx, x, y in reads(step):
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + s)
+            # the store's dtype over the copy, widened on the device (exact; a no-op for float32)
+            inp, target = objective.make_pair(to_device(x, device).float(), to_device(y, device).float(),
+                                              ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
+            ids = torch.as_tensor(tokens[np.asarray(idx)], device=device) if active else None
+            yield inp, target, ids
+
+    def step_fn(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], step: int) -> list[float]:
+        inp, target, ids = batch
+        with autocast(device):
+            pred = block(inp)
+        loss = regression_loss(pred.float(), target, t["loss_norm"], target_scale)
+        values = []
+        if active:
+            terms = aux_losses(head(pred.float()), ids, active, int(t.get("mtp_n") or 1))
+            values = [loss.item()] + [loop.check(step, f"the {k} term", v.item()) for k, v in terms.items()]
+            loss = loss + sum(active[k] * v for k, v in terms.items())
+        return loop.step_on(step, loss, values)
+
+    block.train()
+    m = loop.run(pairs, step_fn, progress=(lambda s, n_, v: progress(s, n_, v[0])) if progress else None)
+    return loss_metrics(m, loop.columns)  # final_<aux term>: unweighted
+
+
+def val_loss(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: int, t: Mapping[str, Any],
+             split: str = "val", batch_size: int | None = None, rows: np.ndarray | None = None) -> dict[str, Any]:
+    """The block's validation loss: :func:`~zgcore.training.objectives.regression_loss` (``t["loss_norm"]``,
+    per-channel scale of ``b_out``) of ``block(boundary b_in)`` against boundary ``b_out`` — the
+    clean mapping every objective is after — over the sequences ``rows`` of ``split`` (int64;
+    default every one), in order, no noise. What the blockwise arm's lr search scores (lower is
+    better), on the rows outside the test subset (:func:`zgcore.evaluation.metrics.tune_subset`).
+
+    Args:
+        block: a trained :class:`~zgcore.models.adapters.StudentBlock` (float32; put in eval mode here).
+        reader: the boundary store, or :class:`~zgcore.data.boundary_store.OnlineBoundaries` over the
+            validation tokens. t: the block's train settings (``loss_norm``, ``batch_size``).
+
+    Returns:
+        ``{"val_loss" (sequence-weighted mean, dimensionless), "sequences"}``.
+
+    Raises:
+        ValueError: the split (or ``rows``) is empty.
+    """
+    order = np.arange(reader.n(split), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    n = len(order)
+    if not n:
+        raise ValueError(f"no {split} sequences to score the block on")
+    device = next(block.parameters()).device
+    scale = reader.stats(b_out)
+    bs = int(batch_size or t["batch_size"])
+    total = 0.0
+    block.eval()
+    with torch.no_grad():
+        for _k, x, y in reader.batches(split, b_in, b_out, order, bs):
+            with autocast(device):
+                pred = block(x.to(device).float())  # the store's dtype, widened on the device (exact)
+            total += float(regression_loss(pred.float(), y.to(device).float(), t["loss_norm"], scale.to(device))) * len(x)
+    return {"val_loss": total / n, "sequences": int(n)}
+
+
+def save_weights(path: Path, state_dict: dict[str, torch.Tensor]) -> None:
+    """Save layer weights (e.g. ``StudentBlock.layer_state_dict()``) as safetensors, atomically."""
+    with atomic_path(path) as tmp:
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp))

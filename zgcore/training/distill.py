@@ -1,0 +1,190 @@
+"""End-to-end logit distillation of a whole student against the frozen teacher, on the one
+training loop: the healing stage after Assemble (``heal.*``) and the end-to-end arm of the
+distillation study. Also the matching of its budget to blockwise training, and a per-task peak
+resident-memory meter.
+
+The loss is the token-mean KL divergence from the teacher's to the student's next-token
+distribution at temperature ``T``, times ``T**2`` (Hinton et al. 2015, "Distilling the Knowledge
+in a Neural Network"), plus optionally ``hidden_weight`` times the mean, over the interior
+boundaries, of the per-token normalised squared error between the student's and the teacher's
+residual streams there (:func:`zgcore.training.objectives.regression_loss` with ``"token"``). Only the
+student's decoder layers train; its embedding, final norm and LM head stay the teacher's (as in
+the blockwise arm, where blocks own only layers).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from zgcore.device import autocast
+from zgcore.data.order import data_order
+from zgcore.models.shapes import check_one_width
+from zgcore.training.loop import StepInfo, TrainLoop, loss_metrics
+from zgcore.training.objectives import regression_loss
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``T**2`` times the mean over positions of KL(teacher || student) of the softmax at temperature ``T``.
+
+    Args:
+        student_logits, teacher_logits: ``[batch, seq, vocab]`` (scored in float32).
+        temperature: ``T`` > 0.
+
+    Returns:
+        A scalar float32 tensor (nats/token at ``T = 1``).
+    """
+    s = torch.log_softmax(student_logits.float() / temperature, -1)
+    t = torch.log_softmax(teacher_logits.float() / temperature, -1)
+    return (t.exp() * (t - s)).sum(-1).mean() * temperature ** 2
+
+
+def e2e_steps(block_passes: Sequence[tuple[int, int, int]], student_layers: int, batch_size: int) -> int:
+    """End-to-end steps at the same number of student layer-token forward/backward passes as blockwise training.
+
+    One blockwise step of block ``i`` (``steps_i`` steps of ``batch_i`` sequences through
+    ``layers_i`` student layers) costs ``batch_i * seq_len * layers_i`` layer-token passes; one
+    end-to-end step costs ``batch_size * seq_len * student_layers``. The sequence length cancels.
+
+    Args:
+        block_passes: per block ``(steps_i, batch_i, layers_i)``.
+
+    Returns:
+        ``ceil(sum_i steps_i * batch_i * layers_i / (batch_size * student_layers))``, at least 1.
+    """
+    total = sum(s * b * n for s, b, n in block_passes)
+    return max(1, math.ceil(total / (batch_size * student_layers)))
+
+
+def initial_student(teacher: torch.nn.Module, bounds: Sequence[int], blocks: Sequence[Mapping[str, Any]],
+                    n_train: int, measured: Mapping[str, Any] | None = None,
+                    ) -> tuple[torch.nn.Module, list[tuple[int, int]], list[tuple[int, int, int]]]:
+    """The blockwise arm's student before training, whole: the same kept layers, MLP widths and
+    initialisation as each ``TrainBlock`` (``build_block`` with the block's own seed), assembled.
+
+    Args:
+        teacher: the teacher causal LM. bounds: boundary layer indices ``b_0 = 0 < ... < b_K``.
+        blocks: each block's resolved train settings. n_train: training sequences (for step counts).
+        measured: the ``LayerImportance`` measurements (``influence``, ``channels``) when a block
+            keeps layers by importance or narrows its MLP (:func:`zgcore.models.students.needs_measure`).
+
+    Raises:
+        zgcore.config.experiment.ConfigError: blocks of different MLP widths (:func:`check_one_width`).
+
+    Returns:
+        ``(student, pairs, passes)``: the assembled float32 student; the interior boundaries as
+        ``(student_layer, teacher_layer)``; per block ``(steps, batch_size, student_layers)`` for :func:`e2e_steps`.
+    """
+    from zgcore.models.adapters import assemble, build_block
+    from zgcore.models.shapes import kept_layers
+    from zgcore.training.blocks import block_seed, total_steps
+
+    check_one_width(blocks)
+    measured = measured or {}
+    built, pairs, passes, offset = [], [], [], 0
+    for i, t in enumerate(blocks):
+        kept = kept_layers(bounds[i], bounds[i + 1], t, measured.get("influence"))
+        built.append(build_block(teacher, kept, t["init"], block_seed(int(t["seed"]), i),
+                                 intermediate_size=t.get("intermediate_size"), channels=measured.get("channels")))
+        passes.append((total_steps(n_train, t), int(t["batch_size"]), len(kept)))
+        offset += len(kept)
+        if i + 1 < len(blocks):
+            pairs.append((offset, bounds[i + 1]))
+    return assemble(teacher, built), pairs, passes
+
+
+def e2e_block_settings(t: Mapping[str, Any], matched: bool) -> dict[str, Any]:
+    """The settings of one block's resolved train section ``t`` that decide the end-to-end arm's
+    result (what its hash covers): the student's shape and initialisation (``keep``, ``init``,
+    ``n_layers`` or else ``keep_fraction``, ``intermediate_size`` when set, ``seed`` only with
+    ``init="random"``) and, when its step count is ``matched`` to the blockwise arm, that
+    block's step count (``batch_size``, ``max_steps`` or else ``epochs``). The blockwise
+    optimisation settings (lr, objective, noise, ...) train nothing here and are left out."""
+    keys = ["keep", "init", "n_layers" if t.get("n_layers") is not None else "keep_fraction"]
+    keys += ["intermediate_size"] if t.get("intermediate_size") is not None else []
+    keys += ["seed"] if t["init"] == "random" else []
+    if matched:
+        keys += ["batch_size", "max_steps" if int(t.get("max_steps") or 0) else "epochs"]
+    return {k: t[k] for k in keys}
+
+
+def _residuals(model: torch.nn.Module, ids: torch.Tensor, layers: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """Logits and the raw residual stream at the input of each of ``layers`` (all < the layer count)."""
+    out = model(input_ids=ids, use_cache=False, output_hidden_states=bool(layers))
+    return out.logits, ({j: out.hidden_states[j] for j in layers} if layers else {})
+
+
+def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarray, h: Mapping[str, Any], steps: int,
+            seed: int, work: Path | None, run_hash: str, pairs: Sequence[tuple[int, int]] = (), name: str = "distill",
+            section: str = "heal", progress: Callable[[int, int, Sequence[float]], None] | None = None,
+            callbacks: Sequence[Callable[[StepInfo], None]] = ()) -> dict[str, Any]:
+    """Train ``student``'s decoder layers end to end on the teacher's logits (and hidden states).
+
+    Args:
+        student: an HF causal LM of the teacher's family (float32), modified in place.
+        teacher: the frozen teacher (same vocabulary).
+        tokens: training sequences ``[n, seq_len]`` int64.
+        h: settings as :data:`zgcore.config.defaults.HEAL_DEFAULTS` (``lr``, ``batch_size``, ``temperature``,
+            ``hidden_weight``, ``warmup_steps``, ``weight_decay``, ``grad_clip``, ``checkpoint_every``).
+        steps: optimizer steps. seed: data order (``data_order(n, seed, epoch)``).
+        work: checkpoint folder (kept across interruptions); ``None`` = nothing on disk.
+        pairs: ``(student_layer, teacher_layer)`` interior boundaries of the hidden-state term
+            (the input of those layers); used when ``hidden_weight`` > 0.
+        section: the configuration section of ``h`` (``"heal"`` or ``"distill"``), named in errors.
+        progress: ``progress(step, steps, values)``.
+        callbacks: :class:`~zgcore.training.loop.TrainLoop` callbacks (e.g. :class:`zgcore.training.watch.TensorBoardWatch`).
+
+    Returns:
+        :meth:`TrainLoop.run`'s metrics with ``first_loss``/``final_loss`` and, per column,
+        ``final_kd`` (and ``final_hidden``); ``tokens_seen``.
+
+    Raises:
+        zgcore.training.loop.NonFiniteError: a non-finite loss or gradient norm.
+    """
+    device = next(student.parameters()).device
+    bs, n, T = int(h["batch_size"]), len(tokens), float(h["temperature"])
+    w_hidden = float(h.get("hidden_weight") or 0.0)
+    pairs = list(pairs) if w_hidden > 0 else []
+    from zgcore.models.adapters import adapter_for
+
+    layers = adapter_for(student).decoder_layers(student)
+    for p in student.parameters():
+        p.requires_grad_(False)
+    params = [p for p in layers.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    columns = ["loss", "kd", "hidden"] if pairs else ["loss", "kd"]
+    loop = TrainLoop(name, [params], h, steps, work, run_hash, {"student": student}, columns, section=section,
+                     callbacks=callbacks)
+    per_epoch = (n + bs - 1) // bs
+
+    def batches(step: int) -> Iterator[torch.Tensor]:
+        while True:
+            epoch, k = divmod(step, per_epoch)
+            order = data_order(n, seed, epoch)
+            for kb in range(k, per_epoch):
+                yield torch.as_tensor(tokens[order[kb * bs: (kb + 1) * bs]], dtype=torch.long, device=device)
+                step += 1
+
+    def step_fn(ids: torch.Tensor, step: int) -> list[float]:
+        with torch.no_grad(), autocast(device):
+            t_logits, t_hidden = _residuals(teacher, ids, [t for _, t in pairs])
+        with autocast(device):
+            s_logits, s_hidden = _residuals(student, ids, [s for s, _ in pairs])
+        kd = kd_loss(s_logits, t_logits, T)
+        values = [loop.check(step, "the KD term", kd.item())]
+        loss = kd
+        if pairs:
+            hid = torch.stack([regression_loss(s_hidden[s].float(), t_hidden[t].float(), "token") for s, t in pairs]).mean()
+            values.append(loop.check(step, "the hidden-state term", hid.item()))
+            loss = kd + w_hidden * hid
+        return loop.step_on(step, loss, values)
+
+    student.train()
+    m = loop.run(batches, step_fn, progress=progress)
+    student.eval()
+    return {**loss_metrics(m, columns), "tokens_seen": steps * bs * int(tokens.shape[1])}
+
+

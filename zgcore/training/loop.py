@@ -1,0 +1,345 @@
+"""The one training loop: every training stage (ZeroGraph blocks, local-learning pretraining, healing
+and end-to-end distillation) runs here.
+
+It owns what all of them share: one AdamW per parameter group (a ZeroGraph block is one group; a
+local-learning model has one per gradient-isolated block), the learning-rate schedule (linear
+warmup, then cosine to 10%), gradient clipping, the check that every loss and gradient norm is
+finite, the loss log (``loss_log.csv``), atomic checkpoints every ``checkpoint_every`` steps and
+a bitwise-identical resume from them, and the final optimizer and RNG state (``train_state.pt``).
+What a step computes (forward, losses, backward order) is the caller's ``step_fn``; it calls
+:meth:`TrainLoop.check` on each loss and :meth:`TrainLoop.update` to clip and step a group.
+
+After every step the loop hands a :class:`StepInfo` (values, lr, gradient norms, tokens/s) to
+its callbacks (e.g. :class:`zgcore.training.watch.TensorBoardWatch`, a live view of every training task).
+
+Checkpoints hold only tensors and plain Python values and load with
+``torch.load(weights_only=True)``: nothing is unpickled from a shared folder.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from zgcore.atomic import atomic_path
+
+CKPT = "checkpoint.pt"
+FINAL_STATE = "train_state.pt"  # the last step's weights, optimizer and RNG state (same layout as a checkpoint)
+LOSS_LOG = "loss_log.csv"
+# 3: {"format", "modules", "optimizers", "torch_rng", "step", "log", "run_hash", "digest"}, weights_only;
+# "digest" (state_digest of the rest) is checked on load: torch.load does not check its zip's CRCs
+CKPT_FORMAT = 3
+_CKPT_FIELDS = {"format", "modules", "optimizers", "torch_rng", "step", "log", "run_hash", "digest"}
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient norm became NaN or infinite during training: the run stops at once,
+    nothing is saved as a result, and the last checkpoint taken before the fault is kept.
+
+    Attributes (``None`` when not given): ``step`` (1-based), ``what`` (e.g. ``"the loss"``),
+    ``value`` (the non-finite value) — what a learning-rate search records of a diverged candidate."""
+
+    def __init__(self, message: str, step: int | None = None, what: str | None = None, value: float | None = None):
+        super().__init__(message)
+        self.step, self.what, self.value = step, what, value
+
+    def __reduce__(self):  # picklable with its attributes (worker processes)
+        return type(self), (str(self), self.step, self.what, self.value)
+
+    def record(self) -> dict:
+        """``{"step", "what", "value" (as text: JSON has no NaN), "message"}``."""
+        return {"step": self.step, "what": self.what, "value": str(self.value), "message": str(self)}
+
+
+def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
+    """Learning rate at ``step``: linear warmup over ``warmup`` steps, then cosine to 10% of ``lr``."""
+    if warmup and step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+@dataclass
+class StepInfo:
+    """What a callback of :class:`TrainLoop` sees after each step.
+
+    Attributes:
+        step: the step just done, 1-based. steps: the run's total.
+        values: the step's values by column name (``loss`` first; may hold NaN where a column has none).
+        lr: the learning rate of the step. grad_norms: each group's gradient norm before clipping
+            (empty if ``step_fn`` did not call :meth:`TrainLoop.update`).
+        tokens: token positions in the step's batch (:func:`batch_tokens`).
+        seconds: wall time of the step, waiting for its batch included (s). data_seconds: of which
+            waiting for the batch (s).
+    """
+    step: int
+    steps: int
+    values: dict[str, float]
+    lr: float
+    grad_norms: list[float] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+    data_seconds: float = 0.0
+
+
+def batch_tokens(batch: Any) -> int:
+    """Token positions in a batch: ``B * T`` of a tensor ``[B, T, ...]`` (token ids or boundary
+    states), or of the first item of a tuple or list of them; 0 for anything else."""
+    t = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    return int(t.shape[0] * t.shape[1]) if isinstance(t, torch.Tensor) and t.dim() >= 2 else 0
+
+
+class TrainLoop:
+    """One training run: optimizers, schedule, clipping, finiteness checks, log, checkpoints.
+
+    Args:
+        name: who is training, used in messages (e.g. ``"TrainBlock block0-clean-cached-s0"``).
+        groups: parameter groups; group ``j`` gets its own AdamW and its own clipping.
+        t: train settings: ``lr``, ``weight_decay``, ``grad_clip`` (0 = no clipping),
+            ``warmup_steps``, ``checkpoint_every`` (optional; 0 or absent = no checkpoints).
+        steps: total optimizer steps.
+        work: folder for checkpoints, ``loss_log.csv`` and ``train_state.pt`` (kept across
+            interruptions); ``None`` = keep nothing on disk.
+        run_hash: a checkpoint written under another hash is never resumed from.
+        modules: the modules whose ``state_dict`` a checkpoint holds, by name.
+        columns: names of the values ``step_fn`` returns each step (the log's columns).
+        section: the configuration section that holds ``t`` (``"train"``, ``"heal"``, ``"distill"``),
+            named in the advice of a non-finite error (``heal.lr``, ...).
+        callbacks: called after every step with a :class:`StepInfo` (``callback(info)``); flushed
+            (their ``flush()``, if any) before each checkpoint is written, so a run resumed from a
+            checkpoint finds their record complete up to it; closed (``close()``, if any) when
+            :meth:`run` ends, however it ends. They observe only:
+            nothing they do changes the run's bytes.
+    """
+
+    def __init__(self, name: str, groups: Sequence[Sequence[torch.nn.Parameter]], t: Mapping[str, Any], steps: int,
+                 work: Path | None, run_hash: str, modules: Mapping[str, torch.nn.Module], columns: Sequence[str],
+                 section: str = "train", callbacks: Sequence[Callable[[StepInfo], None]] = ()):
+        self.name, self.steps, self.work, self.run_hash, self.section = name, int(steps), work, run_hash, section
+        self.groups = [list(g) for g in groups]
+        self.modules, self.columns = dict(modules), list(columns)
+        self.lr, self.warmup, self.clip = float(t["lr"]), int(t["warmup_steps"]), float(t["grad_clip"])
+        self.every = int(t.get("checkpoint_every") or 0)
+        self.optimizers = [torch.optim.AdamW(g, lr=self.lr, weight_decay=float(t["weight_decay"])) for g in self.groups]
+        self.log: list[list[float]] = []
+        self.callbacks = list(callbacks)
+        self._norms: dict[int, float] = {}  # this step's gradient norm per group (for the callbacks)
+
+    # -- what a step function calls
+    def check(self, step: int, what: str, value: float) -> float:
+        """Return ``value`` if finite, else raise :class:`NonFiniteError` naming the run, the step
+        (1-based), what and the value, and what to change."""
+        if math.isfinite(value):
+            return value
+        kept = f"the last checkpoint is kept in {self.work}" if self.work and (self.work / CKPT).exists() else "no checkpoint was taken yet"
+        raise NonFiniteError(
+            f"{self.name}: {what} is {value} at step {step + 1} of {self.steps}; training stopped and nothing was saved "
+            f"as done ({kept}). Lower {self.section}.lr (now {self.lr:g}), set {self.section}.grad_clip > 0 (now "
+            f"{self.clip:g}; e.g. 1.0), "
+            f"or check the input data (a non-finite boundary or token)", step=step + 1, what=what, value=value)
+
+    def zero_grad(self, j: int | None = None) -> None:
+        """Clear the gradients of group ``j`` (all groups if ``None``)."""
+        for o in self.optimizers if j is None else [self.optimizers[j]]:
+            o.zero_grad(set_to_none=True)
+
+    def update(self, j: int, step: int) -> float:
+        """Check group ``j``'s gradient norm, clip it to ``grad_clip`` (if > 0) and step its
+        optimizer; the same arithmetic as ``clip_grad_norm_``. Returns the norm before clipping.
+        Raises :class:`NonFiniteError`."""
+        params = self.groups[j]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        self.check(step, f"the gradient norm{f' of block {j}' if len(self.groups) > 1 else ''}", float(norm))
+        if self.clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.clip, norm)
+        self.optimizers[j].step()
+        self._norms[j] = value = float(norm)
+        return value
+
+    def step_on(self, step: int, loss: torch.Tensor, values: Sequence[float] = ()) -> list[float]:
+        """One optimizer step of a one-group run on ``loss``: check that it is finite, backpropagate,
+        clip and step. Returns the step's log row ``[loss, *values]``. Raises :class:`NonFiniteError`."""
+        value = self.check(step, "the loss", loss.item())
+        self.zero_grad()
+        loss.backward()
+        self.update(0, step)
+        return [value, *values]
+
+    # -- the loop
+    def run(self, batches: Callable[[int], Iterable[Any]], step_fn: Callable[[Any, int], Sequence[float]],
+            progress: Callable[[int, int, Sequence[float]], None] | None = None) -> dict[str, Any]:
+        """Train from the last checkpoint (or step 0) to ``steps``.
+
+        Args:
+            batches: ``batches(start)`` yields the batches of steps ``start, start+1, ...``.
+            step_fn: ``step_fn(batch, step)`` does one step (0-based) and returns the values
+                named by ``columns``. The learning rate is already set.
+            progress: called as ``progress(step, steps, values)`` after every step (1-based).
+
+        Returns:
+            ``steps``, ``first`` and ``final`` (per column: the first step's value and the mean of
+            the last 10% of steps), ``seconds`` (wall, s), ``data_seconds`` (time in ``batches``),
+            ``compute_seconds`` (time in ``step_fn``), ``resumed_from`` (step).
+
+        Raises:
+            NonFiniteError: from ``step_fn``. OSError: a checkpoint that cannot be read for an I/O reason.
+        """
+        start = self._resume()
+        t0 = time.perf_counter()
+        data_s = compute_s = 0.0
+        it: Iterator[Any] = iter(batches(start))
+        bar = tqdm(total=self.steps, initial=start, desc=self.name, unit="step")
+        try:
+            for step in range(start, self.steps):
+                t1 = time.perf_counter()
+                batch = next(it)
+                t2 = time.perf_counter()
+                lr = lr_at(step, self.steps, self.lr, self.warmup)
+                self._norms.clear()
+                for o in self.optimizers:
+                    for g in o.param_groups:
+                        g["lr"] = lr
+                values = [float(v) for v in step_fn(batch, step)]
+                compute_s += time.perf_counter() - t2
+                data_s += t2 - t1
+                self.log.append([step + 1, *values, lr])
+                bar.update(1)
+                bar.set_postfix(loss=f"{values[0]:.4f}")
+                if progress:
+                    progress(step + 1, self.steps, values)
+                if self.callbacks:
+                    info = StepInfo(step + 1, self.steps, dict(zip(self.columns, values)), lr,
+                                    [self._norms[j] for j in sorted(self._norms)], batch_tokens(batch),
+                                    time.perf_counter() - t1, t2 - t1)
+                    for cb in self.callbacks:
+                        cb(info)
+                if self.work and self.every and (step + 1) % self.every == 0 and step + 1 < self.steps:
+                    for cb in self.callbacks:  # what they recorded up to here is on disk before the checkpoint is
+                        getattr(cb, "flush", lambda: None)()
+                    self.save(self.work / CKPT)
+        finally:
+            bar.close()
+            getattr(it, "close", lambda: None)()
+            for cb in self.callbacks:
+                getattr(cb, "close", lambda: None)()
+        if self.work:
+            self.save(self.work / FINAL_STATE)
+            with atomic_path(self.work / LOSS_LOG) as tmp, open(tmp, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(["step", *self.columns, "lr"])
+                w.writerows(self.log)
+        vals = np.asarray([r[1:-1] for r in self.log], dtype=np.float64).reshape(len(self.log), len(self.columns))
+        tail = vals[-max(1, len(vals) // 10):]
+        return {"steps": self.steps, "first": vals[0].tolist() if len(vals) else None,
+                "final": tail.mean(0).tolist() if len(vals) else None, "seconds": time.perf_counter() - t0,
+                "data_seconds": data_s, "compute_seconds": compute_s, "resumed_from": start}
+
+    def _resume(self) -> int:
+        if not self.work:
+            return 0
+        self.work.mkdir(parents=True, exist_ok=True)
+        path = self.work / CKPT
+        ck = load_checkpoint(path)
+        if ck is None:
+            return 0
+        if ck["run_hash"] != self.run_hash or set(ck["modules"]) != set(self.modules) or len(ck["optimizers"]) != len(self.optimizers):
+            print(f"{self.name}: ignoring {path}, written by another configuration", flush=True)
+            return 0
+        for k, m in self.modules.items():
+            m.load_state_dict(ck["modules"][k])
+        for o, sd in zip(self.optimizers, ck["optimizers"]):
+            o.load_state_dict(sd)
+        torch.set_rng_state(ck["torch_rng"])
+        self.log = [list(r) for r in ck["log"]]
+        print(f"{self.name}: resumed from step {ck['step']} of {self.steps} ({path})", flush=True)
+        return int(ck["step"])
+
+    def save(self, path: Path) -> None:
+        """Atomically save every module's and optimizer's state, the torch RNG state, the step and the log."""
+        with atomic_path(path) as tmp:
+            ck = {"format": CKPT_FORMAT, "modules": {k: m.state_dict() for k, m in self.modules.items()},
+                  "optimizers": [o.state_dict() for o in self.optimizers], "torch_rng": torch.get_rng_state(),
+                  "step": len(self.log) and int(self.log[-1][0]), "log": self.log, "run_hash": self.run_hash}
+            torch.save({**ck, "digest": state_digest(ck)}, tmp)
+
+
+def state_digest(obj: Any) -> str:
+    """SHA-256 (hex) of a checkpoint's content: every tensor's dtype, shape and bytes and every
+    plain value's ``repr``, walking dicts in sorted key order. Computed on save and compared on
+    load, so a damaged file never resumes training with other values (``torch.load`` reads a
+    checkpoint's zip records without checking their CRC-32: a flipped byte in a tensor loads
+    silently)."""
+    import hashlib
+
+    h = hashlib.sha256()
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            t = o.detach().cpu().contiguous().reshape(-1)
+            h.update(f"T{t.dtype}{tuple(o.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(o, Mapping):
+            h.update(f"D{len(o)}".encode())
+            for k in sorted(o, key=repr):
+                h.update(repr(k).encode())
+                walk(o[k])
+        elif isinstance(o, (list, tuple)):
+            h.update(f"L{len(o)}".encode())
+            for x in o:
+                walk(x)
+        else:
+            h.update(f"V{o!r}".encode())
+
+    walk(obj)
+    return h.hexdigest()
+
+
+def loss_metrics(m: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
+    """:meth:`TrainLoop.run`'s metrics with ``first``/``final`` as ``first_loss`` and ``final_loss``
+    (the first column) and ``final_<column>`` for every other column."""
+    first, final = m.pop("first"), m.pop("final")
+    extra = {f"final_{c}": final[i] for i, c in enumerate(columns) if i and final}
+    return {**m, "first_loss": first[0] if first else None, "final_loss": final[0] if final else None, **extra}
+
+
+def load_checkpoint(path: Path) -> dict[str, Any] | None:
+    """Load a checkpoint onto the CPU with ``weights_only=True``; ``None`` if there is none.
+
+    A file that is malformed (not a checkpoint, truncated, of another format, holding anything but
+    tensors and plain values, or whose content does not match its :func:`state_digest`) is moved aside to ``*.corrupt`` (never deleted) and ``None`` is
+    returned. CPU, whatever the training device: ``torch.set_rng_state`` takes only a CPU
+    ``ByteTensor``, and ``load_state_dict`` copies weights and optimizer state to the device.
+
+    Raises:
+        OSError: the file exists but could not be read (a transient I/O error); it is kept as it is.
+    """
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise OSError(e.errno, f"checkpoint {path} could not be read ({e}); it is kept: rerun when the "
+                               f"file system answers again") from e
+    except Exception as e:  # truncated zip, unpickling refused, garbage bytes...
+        return _move_aside(path, e)
+    if not isinstance(ck, dict) or ck.get("format") != CKPT_FORMAT or _CKPT_FIELDS - set(ck):
+        return _move_aside(path, ValueError(f"not a format-{CKPT_FORMAT} checkpoint"))
+    if state_digest({k: v for k, v in ck.items() if k != "digest"}) != ck["digest"]:
+        return _move_aside(path, ValueError("its content does not match the digest written with it (damaged bytes)"))
+    return ck
+
+
+def _move_aside(path: Path, e: Exception) -> None:
+    bad = path.with_name(path.name + ".corrupt")
+    os.replace(path, bad)
+    print(f"checkpoint {path} is malformed ({type(e).__name__}: {str(e)[:200]}); moved to {bad}, starting from step 0",
+          flush=True)
+    return None
