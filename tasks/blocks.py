@@ -125,7 +125,8 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         seed = ztrain.block_seed(int(self.train["seed"]), self.block)
         # the teacher's config and only the kept layers' weights, read lazily (safetensors)
         block = build_block(layer_source(rec), kept, self.train["init"], seed, device=resolve(self.device),
-                            intermediate_size=self.train.get("intermediate_size"), channels=measured.get("channels"))
+                            intermediate_size=self.train.get("intermediate_size"), channels=measured.get("channels"),
+                            kv_heads=self.train.get("kv_heads"))
         init_sd = {k: v.clone() for k, v in block.layer_state_dict().items()}  # training updates in place
         aux = ztrain.aux_active(self.train)  # local auxiliary terms: the teacher's head and the token ids
         tokens = head = None
@@ -153,6 +154,7 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
             write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,
                                               "objective": self.train["objective"], "targets": self.train["targets"],
                                               "seed": seed, "keep": self.train["keep"], "intermediate_size": block.width,
+                                              **({"kv_heads": block.kv_heads} if block.kv_heads is not None else {}),
                                               "influence": [measured["influence"][i] for i in range(start, end)]
                                               if measured else None, "peak_rss_mib": rss.stop()})
         self.drop_work()
@@ -231,7 +233,8 @@ def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
     out = []
     for t in blocks:
         meta = json.loads((t.out_dir / "metrics.json").read_text())
-        b = build_block(model, meta["kept"], "random", 0, intermediate_size=meta.get("intermediate_size"))
+        b = build_block(model, meta["kept"], "random", 0, intermediate_size=meta.get("intermediate_size"),
+                        kv_heads=meta.get("kv_heads"))
         b.load_layer_state_dict(load_file(str(t.out_dir / f"{which}.safetensors")))
         out.append(b)
     return out

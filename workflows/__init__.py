@@ -83,6 +83,7 @@ class ObjectiveStudy(RunExperiment):
 
 
 from .distill import DistillStudy  # noqa: E402 (subclasses RunExperiment)
+from .library import SelectStudent  # noqa: E402 (subclasses RunExperiment)
 
-__all__ = ["RunExperiment", "PrepareInputs", "ObjectiveStudy", "LocalLearningStudy", "DistillStudy", "build_experiment",
+__all__ = ["RunExperiment", "PrepareInputs", "ObjectiveStudy", "LocalLearningStudy", "DistillStudy", "SelectStudent", "build_experiment",
            "build_study", "load_config", "CONFIG_ERROR_EXIT", "RETCODES"]

@@ -43,7 +43,7 @@ def or_exit(make: Callable[[], T]) -> T:
 # Which workflow reads which presets (first match): local-learning presets have another schema.
 PRESET_OWNERS = (("local_*", "LocalLearningStudy"), ("*", "RunExperiment"))
 OWNER_WORKFLOWS = {"LocalLearningStudy": "LocalLearningStudy",
-                   "RunExperiment": "RunExperiment, ObjectiveStudy, DistillStudy or PrepareInputs"}
+                   "RunExperiment": "RunExperiment, ObjectiveStudy, DistillStudy, SelectStudent or PrepareInputs"}
 
 
 def preset_owner(preset: str) -> str:

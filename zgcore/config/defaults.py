@@ -71,6 +71,8 @@ DEFAULTS: dict[str, Any] = {
         "keep": "spread",  # which teacher layers of the partition the student starts from (or "importance")
         "importance_sequences": 32,  # keep="importance" / intermediate_size: train sequences measured on the teacher
         "intermediate_size": None,  # None = the teacher's MLP width; narrower keeps the most active channels
+        # None = the teacher's key-value heads; fewer (dividing them; Llama, Mistral, Qwen2/3) starts each group from the mean of its heads
+        "kv_heads": None,
         "init": "teacher",  # "teacher" (copy kept layers) or "random"
         "lr": 2e-3,  # AdamW peak; block-1 sweep on SmolLM2: 2e-4 < 5e-4 < 1e-3 < 2e-3 in recovered CE
         # lr search per block (zgcore.training.lr_search), scored on the block's validation loss over the validation
@@ -98,6 +100,16 @@ DEFAULTS: dict[str, Any] = {
     },
     "blocks": {},  # per-block overrides of any train key: blocks.N.<key> (N = 0, 1, ...)
     "heal": HEAL_DEFAULTS,  # end-to-end logit KD after assembly (healing)
+    # the library of candidate blocks (SelectStudent, docs/library.md): shapes tried at every partition,
+    # each trained, scored in context and costed once; one student chosen per budget
+    "library": {
+        # candidate shapes at every partition: tables of n_layers | keep_fraction, keep, mlp (share of the
+        # teacher's MLP width), kv_heads; a key left out keeps the block's train setting
+        "variants": [],
+        "blocks": {},  # per-partition lists replacing library.variants there: library.blocks.<i>.variants
+        "budgets": [],  # one student per budget: an amount of budget_unit, or a share of the teacher's when <= 1
+        "budget_unit": "params",  # params (non-embedding) | flops (per token at corpus.seq_len) | kv_bytes (per token)
+    },
     "distill": DISTILL_DEFAULTS,  # DistillStudy's end-to-end arm
     "eval": {
         "batch_size": 8,  # sequences per evaluation forward
@@ -127,4 +139,5 @@ TARGETS = ("cached", "online")
 CHOICES: dict[str, tuple[str, ...]] = {
     "boundary.dtype": DTYPES, "boundary.teacher_dtype": DTYPES, "train.targets": TARGETS,
     "train.loss_norm": LOSS_NORMS, "train.keep": KEEP_POLICIES, "train.init": INITS,
+    "library.budget_unit": ("params", "flops", "kv_bytes"),
 }

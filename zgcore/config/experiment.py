@@ -95,7 +95,7 @@ def resolve(file: str | os.PathLike | None = None, overrides: str | Mapping | No
         cfg = deep_merge(cfg, parse_overrides(overrides) if isinstance(overrides, str) else overrides)
     _normalise_blocks(cfg)
     _check_keys("experiment", cfg, DEFAULTS)
-    for section in ("corpus", "boundary", "train", "eval", "heal", "distill"):
+    for section in ("corpus", "boundary", "train", "eval", "heal", "distill", "library"):
         if not isinstance(cfg[section], Mapping):
             raise ConfigError(f"`{section}` must be a mapping")
         _check_keys(section, cfg[section], DEFAULTS[section])
@@ -108,6 +108,9 @@ def resolve(file: str | os.PathLike | None = None, overrides: str | Mapping | No
             _positive_int("seeds[]", s, zero_ok=True)
     canonical_paths(cfg, "teacher")
     _validate_static(cfg)
+    from zgcore.config import library
+
+    library.validate(cfg)
     return cfg
 
 
@@ -232,8 +235,9 @@ def validate_train(t: Mapping[str, Any], where: str, block: int | None = None,
         _positive_int(n("n_layers"), t["n_layers"])
     for k in ("keep_fraction", "lr", "epochs", "weight_decay", "grad_clip"):
         _number(n(k), t[k])
-    if t["intermediate_size"] is not None:
-        _positive_int(n("intermediate_size"), t["intermediate_size"])
+    for k in ("intermediate_size", "kv_heads"):
+        if t[k] is not None:
+            _positive_int(n(k), t[k])
     _positive_int(n("importance_sequences"), t["importance_sequences"])
     if not (0 < float(t["keep_fraction"]) <= 1):
         raise ConfigError(f"{n('keep_fraction')} must be in (0, 1], got {t['keep_fraction']!r}")

@@ -29,9 +29,12 @@ class StudentBlock(nn.Module):
         layer_indices: which teacher layers this block's layers correspond to (for per-layer
             config such as ``layer_types``); the block has ``len(layer_indices)`` layers.
         intermediate_size: the MLP width of the block's layers (None: the teacher's).
+        kv_heads: key-value heads of the block's attention (None: the teacher's;
+            :mod:`zgcore.models.heads`).
     """
 
-    def __init__(self, teacher_config, layer_indices: Sequence[int], intermediate_size: int | None = None):
+    def __init__(self, teacher_config, layer_indices: Sequence[int], intermediate_size: int | None = None,
+                 kv_heads: int | None = None):
         super().__init__()
         from transformers import AutoModel
 
@@ -39,6 +42,9 @@ class StudentBlock(nn.Module):
         cfg = self.adapter.sub_config(teacher_config, layer_indices, headless=True)
         self.width = int(intermediate_size or mlp_width(teacher_config))
         setattr(cfg, self.adapter.width_key, self.width)
+        if kv_heads is not None:
+            cfg.num_key_value_heads = int(kv_heads)
+        self.kv_heads = kv_heads
         self.body = AutoModel.from_config(cfg, attn_implementation=attn_implementation(cfg))
         setattr(self.body, self.adapter.norm, nn.Identity())
         if hasattr(self.body, "wpe"):
@@ -74,7 +80,7 @@ def _set_layer_idx(layer: nn.Module, j: int) -> None:
 
 def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
                 device: torch.device | str | None = None, intermediate_size: int | None = None,
-                channels: Sequence[Sequence[float]] | None = None) -> StudentBlock:
+                channels: Sequence[Sequence[float]] | None = None, kv_heads: int | None = None) -> StudentBlock:
     """Build a student block over teacher layers ``layer_indices``.
 
     Args:
@@ -88,6 +94,8 @@ def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
         intermediate_size: an MLP width narrower than the teacher's; with ``init="teacher"`` each
             layer keeps its channels of largest mean |activation| (``channels[i]``: teacher layer
             i's per-channel magnitudes, :func:`zgcore.models.students.measure`).
+        kv_heads: fewer key-value heads than the teacher's; with ``init="teacher"`` each group's
+            key and value heads start as the mean of the teacher's (:func:`zgcore.models.heads.group_kv`).
 
     Returns a float32 block in train mode.
 
@@ -96,8 +104,10 @@ def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
         ValueError: a narrower teacher-initialised block without ``channels``.
     """
     torch.manual_seed(seed)
-    block = StudentBlock(teacher.config, layer_indices, intermediate_size)
+    block = StudentBlock(teacher.config, layer_indices, intermediate_size, kv_heads)
     if init == "teacher":
+        from zgcore.models.heads import group_kv
+
         weights = teacher.layer_weights if hasattr(teacher, "layer_weights") else module_layer_weights(teacher)
         narrow = intermediate_size is not None and block.width != mlp_width(teacher.config)
         if narrow and channels is None:
@@ -109,6 +119,8 @@ def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
             if missing:
                 raise KeyError(f"teacher layer {i} has no weights for {missing[:3]}")
             sd = {k: got[k] for k in want}
+            if kv_heads is not None:
+                sd = group_kv(sd, teacher.config, int(kv_heads))
             block.layers[j].load_state_dict(prune_layer(sd, teacher.config, top_channels(channels[i], block.width))
                                             if narrow else sd)
     if device is None:

@@ -50,7 +50,7 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
     * ``checkpoint_every`` (a resumed run ends with the same bytes as an uninterrupted one),
       ``prefetch`` and ``prefetch_workers`` (batches read ahead have the same order and bytes) and
       ``tensorboard`` (a view);
-    * ``intermediate_size`` when None, and ``importance_sequences`` when nothing is measured
+    * ``intermediate_size`` and ``kv_heads`` when None, and ``importance_sequences`` when nothing is measured
       (neither ``keep="importance"`` nor a narrower MLP: see :func:`zgcore.models.students.needs_measure`);
     * ``ce_weight`` when 0, ``mtp_weight`` and ``mtp_n`` when ``mtp_weight`` is 0 (a term of
       weight 0 is not computed), so experiments without local auxiliary terms keep their hashes.
@@ -70,6 +70,8 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
         out.pop(k, None)
     if out.get("intermediate_size") is None:
         out.pop("intermediate_size", None)
+    if out.get("kv_heads") is None:
+        out.pop("kv_heads", None)
         if out.get("keep") != "importance":
             out.pop("importance_sequences", None)
     if out.get("lrs"):

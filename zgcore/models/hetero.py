@@ -1,0 +1,114 @@
+"""Assembly without padding: student blocks of different MLP widths and key-value head counts
+stitched into one causal LM whose layers really have those shapes, so that its parameter count
+and FLOPs are the blocks' own.
+
+When every layer has one shape the student is the family's own model (a plain folder, as
+:func:`zgcore.models.adapters.assemble` builds); otherwise, for the Llama family, it is
+:class:`zgcore.models.hf_hetero_llama.ZGHeteroLlamaForCausalLM`, whose folder carries its modelling
+code (``trust_remote_code``). Source: ZeroGraph (arXiv:2611.02200), assembly of trained blocks;
+Bercovich et al. 2024, "Puzzle" (arXiv:2411.19146), heterogeneous layers.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from zgcore.models.adapters import StudentBlock, _materialise_buffers, adapter_for
+from zgcore.models.families import attn_implementation
+from zgcore.models.heads import kv_heads as teacher_kv_heads
+
+HETERO_FAMILIES = ("llama",)  # families with modelling code for layers of their own shapes
+
+
+def layer_shapes(blocks: Sequence[StudentBlock], config) -> tuple[list[int], list[int]]:
+    """``(widths, kv_heads)``: each layer's MLP width and key-value heads, in order (teacher
+    ``config`` supplies the KV count of blocks that keep the teacher's)."""
+    widths = [b.width for b in blocks for _ in b.layers]
+    kvs = [int(b.kv_heads or teacher_kv_heads(config)) for b in blocks for _ in b.layers]
+    return widths, kvs
+
+
+def is_uniform(blocks: Sequence[StudentBlock], config) -> bool:
+    """Whether every layer of ``blocks`` has one MLP width and one key-value head count."""
+    widths, kvs = layer_shapes(blocks, config)
+    return len(set(widths)) == 1 and len(set(kvs)) == 1
+
+
+def assemble_exact(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
+    """The teacher's embedding, ``blocks`` in order and the teacher's final norm and LM head as one
+    causal LM with no padded channel (the teacher is not modified; block weights are copied).
+
+    Args:
+        teacher: the teacher causal LM. blocks: student blocks in partition order, each
+            ``[B, T, H]`` float32 -> same; their layers may differ in MLP width and KV heads.
+
+    Returns:
+        A float32 causal LM in eval mode with ``sum(len(b.layers))`` layers: the family's class
+        when :func:`is_uniform`, else a ``ZGHeteroLlamaForCausalLM``.
+
+    Raises:
+        ValueError: layers of different shapes in a family outside :data:`HETERO_FAMILIES`.
+        RuntimeError: a parameter or buffer left unfilled.
+    """
+    from transformers import AutoModelForCausalLM
+
+    ad = adapter_for(teacher)
+    widths, kvs = layer_shapes(blocks, teacher.config)
+    cfg = ad.sub_config(teacher.config, range(len(widths)), headless=False)
+    layer_types = [t for b in blocks for t in (getattr(b.body.config, "layer_types", None) or [])]
+    if layer_types:
+        cfg.layer_types = layer_types
+    if is_uniform(blocks, teacher.config):
+        setattr(cfg, ad.width_key, widths[0])
+        if kvs[0] != teacher_kv_heads(teacher.config):
+            cfg.num_key_value_heads = kvs[0]
+        with torch.device("meta"):
+            student = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg))
+    else:
+        if teacher.config.model_type not in HETERO_FAMILIES:
+            raise ValueError(f"layers of different MLP widths or KV heads are built for {', '.join(HETERO_FAMILIES)}, "
+                             f"not {teacher.config.model_type!r}")
+        from zgcore.models.hf_hetero_llama import (
+            ZGHeteroLlamaConfig,
+            ZGHeteroLlamaForCausalLM,
+        )
+
+        keep = {k: v for k, v in cfg.to_dict().items() if k not in ("model_type", "architectures", "transformers_version")}
+        hcfg = ZGHeteroLlamaConfig(**{**keep, "layer_intermediate_sizes": widths, "layer_kv_heads": kvs})
+        hcfg._attn_implementation = attn_implementation(cfg)
+        with torch.device("meta"):
+            student = ZGHeteroLlamaForCausalLM(hcfg)
+    prefix = ad.layer_prefix()
+    sd = {k: v for k, v in teacher.state_dict().items() if not k.startswith(prefix)}
+    offset = 0
+    for b in blocks:
+        for j, layer in enumerate(b.layers):
+            for k, v in layer.state_dict().items():
+                sd[f"{prefix}{offset + j}.{k}"] = v.detach().clone()
+        offset += len(b.layers)
+    student.load_state_dict(sd, strict=False, assign=True)
+    missing = [n for n, p in student.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"assembled student has unfilled parameters: {missing[:5]}")
+    if student.config.tie_word_embeddings:
+        student.tie_weights()
+    _materialise_buffers(student, teacher)
+    return student.float().eval()
+
+
+def save_student(student: nn.Module, tokenizer, folder: str | os.PathLike) -> bool:
+    """Save an :func:`assemble_exact` student and its tokenizer to ``folder`` (with the modelling
+    code and ``auto_map`` when heterogeneous). Returns whether it is heterogeneous."""
+    from zgcore.models.hf_hetero_llama import ZGHeteroLlamaForCausalLM
+
+    folder = Path(folder)
+    student.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    hetero = isinstance(student, ZGHeteroLlamaForCausalLM)
+    if hetero and not (folder / "hf_hetero_llama.py").is_file():
+        raise RuntimeError(f"{folder}: save_pretrained did not copy the modelling code hf_hetero_llama.py")
+    return hetero
