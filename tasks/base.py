@@ -22,7 +22,7 @@ import luigi
 from luigi.parameter import ParameterVisibility
 from luigi.task import flatten
 
-from zgcore.atomic import atomic_path
+from zgcore.atomic import atomic_path, remove_stale_temps
 from zgcore.device import precision
 from zgcore.hashing import canonical, config_hash
 from zgcore.threads import apply_threads, decoder_params
@@ -188,6 +188,19 @@ class ZGTask(luigi.Task):
             return False
         return True
 
+    def remove_leftovers(self) -> list[Path]:
+        """Remove what writers of this task that no longer exist left behind
+        (:func:`zgcore.atomic.remove_stale_temps`): temporary output folders beside :attr:`out_dir`
+        and temporary files in its ``.partial`` work folder (a checkpoint cut off mid-write). Run at
+        the start of every run of the task; returns what was removed."""
+        removed = remove_stale_temps(self.out_dir.parent, self.out_dir.name)
+        work = self.out_dir.with_name(self.out_dir.name + ".partial")
+        if work.is_dir():
+            removed += remove_stale_temps(work)
+        for p in removed:
+            self.log(f"removed {p}, left by a writer that no longer runs")
+        return removed
+
     @contextlib.contextmanager
     def building(self) -> Iterator[Path]:
         """Yield a temporary folder; it becomes :attr:`out_dir` when the block exits cleanly.
@@ -256,3 +269,9 @@ def _choose_threads(task: ZGTask) -> None:
         task.log(f"warning: {e}; torch keeps {torch.get_num_threads()} thread(s)")
         return
     task.log(f"{n} torch thread(s) ({why})")
+
+
+@ZGTask.event_handler(luigi.Event.START)
+def _remove_leftovers(task: ZGTask) -> None:
+    """At the start of every task's run: remove what its dead writers left (:meth:`ZGTask.remove_leftovers`)."""
+    task.remove_leftovers()

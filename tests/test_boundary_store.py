@@ -1,3 +1,4 @@
+import errno
 import json
 from pathlib import Path
 
@@ -291,3 +292,50 @@ def test_a_non_finite_stored_value_with_valid_checksums_fails_the_read_naming_th
         with pytest.raises(BoundaryStoreError, match=f"{f.resolve()}: 1 non-finite value"):
             r.read("train", 2, [0, 5])
     assert not f.parent.exists() and list((path / "shards").glob("train-00000004.damaged-*"))
+
+
+@pytest.mark.parametrize("where,err", [("hash", errno.ESTALE), ("h5py.File", errno.EMFILE), ("os.open", errno.EACCES),
+                                       ("os.preadv", errno.EIO), ("sumsq", errno.ENOSPC)])
+def test_a_file_system_error_at_open_or_read_fails_in_one_line_and_keeps_the_shard(store, tmp_path, monkeypatch, where, err):
+    """An OSError of the file system (ESTALE while hashing, EMFILE from h5py at open, EACCES from
+    os.open, EIO from os.preadv at read, ENOSPC while the join reads the statistics rows) is one
+    BoundaryStoreError line naming the file and the system's error; nothing is moved aside, and
+    once the file system answers the same reader code reads the same values."""
+    import os
+    import shutil
+
+    from zgcore.data.boundary_store import join_shards, reader, shards
+
+    path, _, _ = store
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    shard = copy / "shards" / "train-00000004"
+    with BoundaryReader(copy) as r:
+        ref = r.read("train", 2, [4, 5, 6])
+    calls = []
+
+    def failing(real):
+        def f(*a, **k):
+            calls.append(a)
+            raise OSError(err, os.strerror(err), str(shard / "b2.h5"))
+        return f
+
+    target = {"hash": (reader, "file_sha256"), "h5py.File": (reader.h5py, "File"), "os.open": (reader.os, "open"),
+              "os.preadv": (reader.os, "preadv"), "sumsq": (shards.h5py, "File")}[where]
+    monkeypatch.setattr(*target, failing(getattr(*target)))
+    with pytest.raises(BoundaryStoreError) as e:
+        if where == "sumsq":
+            (tmp_path / "join").mkdir()
+            join_shards(tmp_path / "join", sorted((copy / "shards").iterdir()), {"train": 10, "val": 3},
+                        {"teacher_fingerprint": "abc"})
+        else:
+            with BoundaryReader(copy) as r:
+                r.read("train", 2, [4, 5, 6])
+    msg = str(e.value)
+    assert calls and len(msg.splitlines()) == 1, msg
+    assert str((shard / "b2.h5").resolve() if where != "sumsq" else copy / "shards" / "train-00000000" / "b0.h5") in msg, msg
+    assert f"[Errno {err}] {os.strerror(err)}" in msg and "it is kept" in msg, msg
+    assert shard.is_dir() and not list((copy / "shards").glob("*.damaged-*"))  # nothing quarantined
+    monkeypatch.undo()
+    with BoundaryReader(copy) as r:
+        assert torch.equal(r.read("train", 2, [4, 5, 6]), ref)

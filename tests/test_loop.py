@@ -103,6 +103,31 @@ def test_a_flipped_byte_in_a_checkpoint_never_resumes_other_values(tmp_path):
     assert refused > 300  # most bytes matter; the rest (zip padding, names) load the same content
 
 
+def test_train_state_is_byte_identical_with_and_without_a_resume(tmp_path):
+    """A run interrupted after its step-4 checkpoint and resumed in a fresh loop (new module, new
+    optimizer, state read back from the file) writes the same train_state.pt bytes as a run that
+    never stopped (pickle's back-references to shared strings once made them differ)."""
+    (tmp_path / "once").mkdir()
+    loop, _, step_fn = _loop(tmp_path / "once")
+    loop.run(lambda s: iter([1.0] * (6 - s)), step_fn)
+
+    (tmp_path / "resumed").mkdir()
+    loop, _, step_fn = _loop(tmp_path / "resumed", checkpoint_every=4)
+
+    def dies_at_5(batch, step):
+        if step == 4:
+            raise KeyboardInterrupt  # after the checkpoint of step 4
+        return step_fn(batch, step)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(lambda s: iter([1.0] * (6 - s)), dies_at_5)
+    assert load_checkpoint(tmp_path / "resumed" / CKPT)["step"] == 4
+    loop, _, step_fn = _loop(tmp_path / "resumed", checkpoint_every=4)
+    assert loop.run(lambda s: iter([1.0] * (6 - s)), step_fn)["resumed_from"] == 4
+    once, resumed = ((tmp_path / d / "train_state.pt").read_bytes() for d in ("once", "resumed"))
+    assert load_checkpoint(tmp_path / "once" / "train_state.pt")["step"] == 6
+    assert once == resumed
+
+
 class _Boom:
     def __reduce__(self):
         return (Path.touch, (Path(BOOM),))

@@ -30,8 +30,8 @@ def _curves(out):
     return curves
 
 
-def _blocks(out):
-    return {p.parent.name.rsplit("-", 1)[0]: p.read_bytes() for p in sorted(Path(out).glob("TrainBlock/*/block.safetensors"))}
+def _blocks(out, name="block.safetensors"):
+    return {p.parent.name.rsplit("-", 1)[0]: p.read_bytes() for p in sorted(Path(out).glob(f"TrainBlock/*/{name}"))}
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
@@ -52,6 +52,8 @@ def test_sigkill_mid_block_resumes_to_identical_bytes(tmp_path, device):
     assert "TeacherBoundary" not in [l.split("running")[-1].split("(")[0].strip() for l in log.splitlines() if " running " in l]
     assert next(out.glob("BoundaryShard/train-*/b0.h5")).stat().st_mtime_ns == boundary_mtime  # cache not rebuilt
     assert _blocks(out) == _blocks(ref) and len(_blocks(ref)) == 2  # byte-identical block weights
+    # and the final optimizer and RNG state: the same bytes, resumed or not
+    assert _blocks(out, "train_state.pt") == _blocks(ref, "train_state.pt") and len(_blocks(ref, "train_state.pt")) == 2
     assert not list(out.glob("TrainBlock/*.partial"))
     # TensorBoard: one curve per block, steps 1..400 once each (flushed before each checkpoint; what the
     # killed run logged after its last checkpoint is purged), with the uninterrupted run's values

@@ -1,4 +1,5 @@
-"""Atomic outputs: write under a temporary name in the same folder, then ``os.replace``.
+"""Atomic outputs: write under a temporary name in the same folder, then ``os.replace``; and the
+removal of temporary names whose writer died (killed, node lost) before renaming them.
 
 A partial file or folder never carries the final name, so an interrupted run never counts as
 complete. What is renamed into place carries the permissions of the user's umask (group- and
@@ -12,11 +13,17 @@ import contextlib
 import json
 import os
 import shutil
+import socket
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 from zgcore.hashing import canonical
+
+# A temporary file or folder written on another host (whose process cannot be checked from here)
+# is a dead writer's once nothing in it changed for this long.
+STALE_AFTER_S = 24 * 3600.0
 
 
 def _umask() -> int:
@@ -34,9 +41,88 @@ def umask_permissions(path: Path) -> None:
             os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
+def this_host() -> str:
+    """This host's name as written into temporary names (``socket.gethostname()``, ``/`` replaced)."""
+    return socket.gethostname().replace("/", "_") or "unknown"
+
+
 def tmp_sibling(path: Path) -> Path:
-    """A unique temporary path beside ``path`` (same filesystem, so rename is atomic)."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    """A unique temporary path beside ``path`` (same filesystem, so rename is atomic):
+    ``.<name>.tmp-<host>-<pid>-<8 hex>``, naming its writer so that :func:`remove_stale_temps` can
+    tell a dead writer's leftovers from a live one's."""
+    return path.with_name(f".{path.name}.tmp-{this_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def temp_writer(name: str) -> tuple[str | None, int] | None:
+    """``(host, pid)`` of the writer of a temporary name made by :func:`tmp_sibling` (host ``None``
+    for names written before the host was recorded: ``.<name>.tmp-<pid>-<hex>``); ``None`` when
+    ``name`` is not such a name."""
+    at = name.rfind(".tmp-")
+    if not name.startswith(".") or at < 1:
+        return None
+    parts = name[at + 5:].rsplit("-", 2)
+    if len(parts) == 2 and parts[0].isdigit():
+        return None, int(parts[0])
+    if len(parts) == 3 and parts[1].isdigit() and parts[0]:
+        return parts[0], int(parts[1])
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _newest_mtime(path: Path) -> float:
+    """The latest modification time of ``path`` and, for a folder, of anything in it (a writer
+    filling a file keeps this recent); 0 when it vanished meanwhile."""
+    newest = 0.0
+    for p in [path, *(path.rglob("*") if path.is_dir() else ())]:
+        try:
+            newest = max(newest, p.lstat().st_mtime)
+        except OSError:
+            pass
+    return newest
+
+
+def is_stale(path: Path, max_age_s: float = STALE_AFTER_S, now: float | None = None) -> bool:
+    """Whether ``path`` is a temporary file or folder (:func:`tmp_sibling`) whose writer is gone: on
+    this host, its process no longer exists; written elsewhere (or by code that did not record the
+    host), nothing in it changed for ``max_age_s`` seconds. A reused pid keeps a leftover until the
+    next check; a live writer is never judged stale on its own host."""
+    who = temp_writer(path.name)
+    if who is None:
+        return False
+    host, pid = who
+    if host == this_host():
+        return not _alive(pid)
+    return (now if now is not None else time.time()) - _newest_mtime(path) > max_age_s
+
+
+def remove_stale_temps(folder: str | os.PathLike, prefix: str | None = None,
+                       max_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the stale temporary files and folders (:func:`is_stale`) directly in ``folder``
+    (only those of final name ``prefix`` when given); returns what was removed. A folder that cannot
+    be listed removes nothing."""
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        if (prefix is None or p.name.startswith(f".{prefix}.tmp-")) and is_stale(p, max_age_s):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            removed.append(p)
+    return removed
 
 
 @contextlib.contextmanager

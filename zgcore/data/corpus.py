@@ -287,7 +287,10 @@ def _open_verified(path: str | os.PathLike) -> h5py.File:
         st = os.stat(path)
         key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
         if key not in _verified:
-            want, got = open(side).read().strip(), file_sha256(path)
+            try:
+                want, got = open(side).read().strip(), file_sha256(path)
+            except OSError as e:  # the file system's error (EIO, ESTALE, EMFILE...): nothing is moved
+                _unavailable(path, e)
             if got != want:
                 _damaged(path, f"checksum failure: SHA-256 {got[:12]}... differs from {side}'s {want[:12]}... "
                                "(the file changed after it was written)")
@@ -297,7 +300,17 @@ def _open_verified(path: str | os.PathLike) -> h5py.File:
     except OSError as e:
         if not os.path.exists(path):
             raise
+        if e.errno is not None:  # EMFILE, EIO, ESTALE...: the file system's error, not the file's
+            _unavailable(path, e)
         _damaged(path, f"unreadable as HDF5 ({e})", e)
+
+
+def _unavailable(path, e: OSError):
+    """Raise :class:`TokenStoreError` for a token store the file system could not serve, one line
+    naming the file and the system's error; the file stays where it is."""
+    why = f"[Errno {e.errno}] {e.strerror}" if e.errno is not None and e.strerror else f"{type(e).__name__}: {e}"
+    raise TokenStoreError(f"token store {path} could not be read ({why}); it is kept: rerun when the file system "
+                          "answers again") from e
 
 
 def read_tokens(path: str | os.PathLike, split_name: str) -> np.ndarray:
@@ -314,6 +327,8 @@ def read_tokens(path: str | os.PathLike, split_name: str) -> np.ndarray:
         try:
             return f[split_name][...].astype(np.int64)
         except Exception as e:  # KeyError, OSError, ValueError from a damaged file
+            if isinstance(e, OSError) and e.errno is not None:
+                _unavailable(path, e)
             _damaged(path, f"split {split_name!r} unreadable ({type(e).__name__}: {e})", e)
 
 
@@ -323,4 +338,6 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         try:
             return json.loads(f.attrs["meta"])
         except Exception as e:
+            if isinstance(e, OSError) and e.errno is not None:
+                _unavailable(path, e)
             _damaged(path, f"metadata unreadable ({type(e).__name__}: {e})", e)

@@ -263,12 +263,37 @@ class TrainLoop:
         return int(ck["step"])
 
     def save(self, path: Path) -> None:
-        """Atomically save every module's and optimizer's state, the torch RNG state, the step and the log."""
+        """Atomically save every module's and optimizer's state, the torch RNG state, the step and the
+        log, in :func:`canonical_state` form: the same state gives the same bytes whether or not the
+        run was resumed on the way."""
         with atomic_path(path) as tmp:
             ck = {"format": CKPT_FORMAT, "modules": {k: m.state_dict() for k, m in self.modules.items()},
                   "optimizers": [o.state_dict() for o in self.optimizers], "torch_rng": torch.get_rng_state(),
                   "step": len(self.log) and int(self.log[-1][0]), "log": self.log, "run_hash": self.run_hash}
-            torch.save({**ck, "digest": state_digest(ck)}, tmp)
+            torch.save(canonical_state({**ck, "digest": state_digest(ck)}), tmp)
+
+
+def canonical_state(obj: Any) -> Any:
+    """``obj`` (nested dicts, lists and tuples of tensors and plain values) rebuilt with every string
+    interned (``sys.intern``), tensors untouched. Pickle writes a string it has already written as
+    a back-reference to the same object: an uninterrupted run's optimizer state holds the very
+    ``"step"`` string of the checkpoint's own key, a resumed one new strings read from the
+    checkpoint, so the same state pickled to different bytes. With one object per distinct string
+    the bytes depend only on the content."""
+    import sys
+
+    if isinstance(obj, str):
+        return sys.intern(obj)
+    if isinstance(obj, dict):  # an OrderedDict (a module's state) stays one, with its _metadata
+        out = type(obj)((canonical_state(k), canonical_state(v)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
+            out._metadata = canonical_state(obj._metadata)
+        return out
+    if isinstance(obj, list):
+        return [canonical_state(x) for x in obj]
+    if isinstance(obj, tuple):
+        return tuple(canonical_state(x) for x in obj)
+    return obj
 
 
 def state_digest(obj: Any) -> str:

@@ -102,6 +102,22 @@ def channel_rms(h: torch.Tensor) -> torch.Tensor:
     return rms_from_sumsq(sequence_sumsq(h), h.shape[1])
 
 
+def system_error(e: BaseException) -> bool:
+    """Whether ``e`` is the file system's error rather than the file's: an ``OSError`` carrying an
+    errno (EMFILE, EIO, ESTALE, ENOSPC, EACCES, ...; h5py sets it from HDF5's error stack when the
+    operating system failed). Such an error never quarantines anything: the bytes may be sound, and
+    moving a verified shard aside would make the teacher recompute it and other readers fail."""
+    return isinstance(e, OSError) and e.errno is not None
+
+
+def unavailable(path, e: OSError):
+    """Raise :class:`BoundaryStoreError` for a file the file system could not serve (``e``: an
+    ``OSError``), one line naming the file and the system's error; nothing is moved."""
+    why = f"[Errno {e.errno}] {e.strerror}" if e.errno is not None and e.strerror else f"{type(e).__name__}: {e}"
+    raise BoundaryStoreError(f"boundary shard file {path} could not be read ({why}); it is kept: rerun when the "
+                             "file system answers again") from e
+
+
 def quarantine(folder: Path) -> Path | None:
     """Move a damaged shard folder aside (``<name>.damaged-<unix time>``), so that the next run
     finds the shard missing and rebuilds it; returns the new path (None if already gone)."""

@@ -19,7 +19,7 @@ import xxhash
 
 from zgcore.hashing import file_sha256
 from .common import (FORMAT_VERSION, H5_DTYPES, READABLE_VERSIONS, TORCH_DTYPES, BoundaryStoreError, check_finite,
-                     quarantine, quarantine_file)
+                     quarantine, quarantine_file, system_error, unavailable)
 
 # Rows read and checked at a time: about 1 MiB of stored bytes, so that a piece is still in the
 # core's cache (2 MiB L2 here) when its checksum and finiteness test run over it.
@@ -50,8 +50,10 @@ class BoundaryReader:
             or when read: a sequence whose bytes fail the xxh3_64 checksum recorded for it (format
             4; a failed Fletcher32 checksum for format 3) or a non-finite value. Each of these moves
             the shard aside (``<shard>.damaged-<time>``) so that the next run rebuilds that shard
-            only; the message names the file. An ``OSError`` while hashing (the file system, not
-            the file) keeps the shard.
+            only; the message names the file. An error of the file system rather than of the file
+            (an ``OSError`` carrying an errno: EMFILE, EIO, ESTALE, ENOSPC, EACCES, ... while
+            checking, opening or reading it) never moves anything: the same error, one line naming
+            the file and the system's error, and the shard stays for the rerun.
     """
 
     def __init__(self, path: str | os.PathLike, expect: Mapping[str, Any] | None = None, pin_memory: bool = False):
@@ -110,13 +112,13 @@ class BoundaryReader:
         byte, HDF5 metadata included, is checked before a value is used; Fletcher32 covers only
         the chunks). Any failure to verify, open or find the dataset quarantines the shard."""
         path = self._shard_dir(sh) / entry["name"]
-        if not path.is_file() or path.stat().st_size != entry["bytes"]:
-            self._damaged(sh, b, f"missing or not {entry['bytes']} bytes (the manifest's size)")
         try:
-            digest = file_sha256(path)
-        except OSError as e:
-            raise BoundaryStoreError(f"boundary shard file {path} could not be read ({e}); it is kept: rerun "
-                                     "when the file system answers again") from e
+            size = path.stat().st_size if path.is_file() else None
+            digest = file_sha256(path) if size == entry["bytes"] else None
+        except OSError as e:  # the file system's error (EIO, ESTALE, EMFILE, EACCES...), not the file's
+            unavailable(path, e)
+        if size != entry["bytes"]:
+            self._damaged(sh, b, f"missing or not {entry['bytes']} bytes (the manifest's size)")
         if digest != entry["sha256"]:
             self._damaged(sh, b, f"checksum failure: SHA-256 {digest[:12]}... differs from the manifest's {entry['sha256'][:12]}... "
                                  "(the file changed after it was written)")
@@ -133,6 +135,8 @@ class BoundaryReader:
                 f.close()
                 raise
         except Exception as e:  # h5py raises OSError, KeyError, RuntimeError, ValueError on damaged files
+            if system_error(e):  # the bytes matched the manifest: EMFILE, EIO, ESTALE... are the file system's
+                unavailable(path, e)
             self._damaged(sh, b, f"unreadable as HDF5 ({type(e).__name__}: {e})", e)
         if not ok:
             f.close()
@@ -266,7 +270,10 @@ class BoundaryReader:
             self._ids[key] = (ds.id, ds.id.get_space())
             raw = self._raw_layout(ds) if self.version >= 4 else None
             if raw is not None:
-                self._raw[key] = (os.open(self._files[key].filename, os.O_RDONLY), *raw)
+                try:
+                    self._raw[key] = (os.open(self._files[key].filename, os.O_RDONLY), *raw)
+                except OSError as e:
+                    unavailable(self._files[key].filename, e)
         if key in self._raw:
             fd, offset, row_bytes = self._raw[key]
             want, got, view = dest.nbytes, 0, memoryview(dest).cast("B")
@@ -277,8 +284,7 @@ class BoundaryReader:
                         break
                     got += k
             except OSError as e:
-                raise BoundaryStoreError(f"boundary shard file {self._files[key].filename} could not be read ({e}); "
-                                         "it is kept: rerun when the file system answers again") from e
+                unavailable(self._files[key].filename, e)
             if got != want:
                 self._damaged(sh, b, f"short read: {got} of {want} bytes at sequence {sh['lo'] + row}")
             return
@@ -287,6 +293,8 @@ class BoundaryReader:
         try:
             dsid.read(h5py.h5s.create_simple(dest.shape), file_space, dest)
         except Exception as e:  # Fletcher32 refuses a changed chunk (OSError); h5py may also raise KeyError, RuntimeError
+            if system_error(e):  # EIO, ESTALE...: the file system's, not the file's
+                unavailable(self._files[key].filename, e)
             self._damaged(sh, b, f"checksum failure while reading ({type(e).__name__}: {e})", e)
 
     @staticmethod

@@ -29,7 +29,8 @@ from zgcore.models.adapters import capture_boundaries
 from zgcore.atomic import atomic_path, write_json
 from zgcore.hashing import file_sha256
 from .common import (FORMAT_VERSION, H5_DTYPES, STATS_SEQUENCES, BoundaryStoreError, check_finite, planned_bytes,
-                     quarantine, rms_from_sumsq, round_trip, sequence_checksums, sequence_sumsq, to_storage)
+                     quarantine, rms_from_sumsq, round_trip, sequence_checksums, sequence_sumsq, system_error,
+                     to_storage, unavailable)
 
 SHARD_FILE = "shard.json"
 MANIFEST = "manifest.json"
@@ -178,7 +179,8 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
 def _read_sumsq(folder: Path, entry: Mapping[str, Any]) -> np.ndarray:
     """A shard file's ``sumsq`` rows, once its bytes match the SHA-256 its record holds. Raises
     :class:`BoundaryStoreError` naming the file (and moves the shard aside) on any mismatch or
-    HDF5 error, so that the next run rebuilds that shard."""
+    HDF5 error, so that the next run rebuilds that shard; an error of the file system (an
+    ``OSError`` with an errno) raises it too, moving nothing."""
     path = folder / entry["name"]
     try:
         if file_sha256(path) != entry["sha256"]:
@@ -186,6 +188,8 @@ def _read_sumsq(folder: Path, entry: Mapping[str, Any]) -> np.ndarray:
         with h5py.File(path, "r") as f:
             return f["sumsq"][...]
     except Exception as e:
+        if system_error(e):  # the file system's error (EIO, ESTALE, EMFILE...): nothing is moved
+            unavailable(path, e)
         moved = quarantine(folder)
         where = f"; moved the shard aside to {moved}, the next run rebuilds it" if moved else ""
         raise BoundaryStoreError(f"boundary shard file {path}: {e}{where}") from e
