@@ -24,13 +24,24 @@ from luigi.task import flatten
 
 from zgcore.atomic import atomic_path, remove_stale_temps
 from zgcore.device import precision
-from zgcore.hashing import canonical, config_hash
+from zgcore.hashing import (
+    canonical,
+    config_hash,
+    file_sha256,
+    file_sha256_cached,
+    remember_sha256,
+)
 from zgcore.threads import apply_threads, decoder_params
 
 HIDDEN = ParameterVisibility.HIDDEN  # long configs: kept out of the visualiser's task names
 PROGRESS_INTERVAL_S = 2.0  # seconds between two progress reports to the scheduler
 RECORD = "task.json"  # in every output folder: identity, files written (with sizes), upstream builds
 _said: set[tuple[str, str]] = set()  # (folder, problem) already logged by complete()
+
+
+class DamagedOutputError(RuntimeError):
+    """A finished task's output file whose bytes are not those recorded when it was written
+    (missing, cut short, or changed); the message names the file and where the folder was moved."""
 
 
 class zerograph(luigi.Config):  # noqa: N801 (Luigi names the section and the flags after the class)
@@ -60,6 +71,9 @@ class ZGTask(luigi.Task):
     outputs = luigi.Parameter(default="outputs", significant=False, description="root folder of all run artifacts")
     device = luigi.Parameter(default="cpu", significant=False, description="torch device for this task's work")
     uses_device = True  # False on tasks that only tokenise, convert on CPU or aggregate files
+    # every file of the output gets its SHA-256 in task.json, checked by complete() and by consumers
+    # (checked()); off where the files carry their own checks (the boundary store's shards)
+    content_hashes = True
     # Luigi's per-task retry policy: the scheduler disables a task at its first failure instead of
     # retrying it 15 minutes later, whatever luigid's own config says. Workers waiting on it
     # (luigi.cfg: keep_alive) then stop and exit non-zero instead of waiting forever; luigi.cfg's
@@ -150,20 +164,59 @@ class ZGTask(luigi.Task):
         except (OSError, ValueError):
             return None
 
-    def check_output(self) -> tuple[str, str] | None:
-        """``None`` when the output folder is whole and current, else ``(kind, what)``: kind
-        ``"damaged"`` (``task.json`` unreadable, a recorded file missing or of another size,
-        :meth:`verify` fails) or ``"stale"`` (an upstream output is not complete, or was rebuilt
-        after this one read it)."""
-        rec = self.record()
+    def content_problem(self, rec: dict[str, Any] | None = None, names: Any = None) -> str | None:
+        """``None`` when every file ``task.json`` records (or those of ``names``) is present with its
+        recorded size and, where recorded (``sha256``: every output written since content hashes
+        were added, unless :attr:`content_hashes` is off), its recorded SHA-256; else what is wrong.
+        Each file is hashed once per process and version of it (:func:`zgcore.hashing.file_sha256_cached`).
+        Raises ``OSError`` when the file system cannot read a file (that is not damage)."""
+        rec = self.record() if rec is None else rec
         if rec is None or "files" not in rec:
-            return "damaged", f"{RECORD} is missing or unreadable"
+            return f"{RECORD} is missing or unreadable"
+        hashes = rec.get("sha256") or {}
         for name, size in rec["files"].items():
+            if names is not None and name not in names:
+                continue
             f = self.out_dir / name
             if not f.is_file():
-                return "damaged", f"{name} is missing"
+                return f"{name} is missing"
             if f.stat().st_size != size:
-                return "damaged", f"{name} has {f.stat().st_size} bytes, {size} when written"
+                return f"{name} has {f.stat().st_size} bytes, {size} when written"
+            if name in hashes and file_sha256_cached(f) != hashes[name]:
+                return f"{name}'s bytes differ from the SHA-256 recorded when it was written"
+        return None
+
+    def checked(self, name: str) -> Path:
+        """``out_dir / name`` once its bytes match the SHA-256 recorded when it was written: what a
+        consumer calls before it loads a file of this task's output.
+
+        Raises:
+            DamagedOutputError: the file is missing, cut short or its content changed; the whole
+                output folder is moved aside (``<folder>.damaged-<time>-<id>``) so that the next
+                run rebuilds this task (and only it, of its kind)."""
+        problem = self.content_problem(names={name})
+        if problem:
+            moved = self.move_aside("damaged")
+            raise DamagedOutputError(f"{self.get_task_family()} {self.label()}: {self.out_dir / name}: {problem}; "
+                                     f"moved the output aside to {moved}, the next run rebuilds it")
+        return self.out_dir / name
+
+    def move_aside(self, kind: str) -> Path:
+        """Rename the output folder to ``<folder>.<kind>-<time>-<id>`` (kept for inspection, never
+        deleted); returns the new path."""
+        aside = self.out_dir.with_name(f"{self.out_dir.name}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
+        self.out_dir.rename(aside)
+        return aside
+
+    def check_output(self) -> tuple[str, str] | None:
+        """``None`` when the output folder is whole and current, else ``(kind, what)``: kind
+        ``"damaged"`` (``task.json`` unreadable, a recorded file missing, of another size or of
+        other content (:meth:`content_problem`), :meth:`verify` fails) or ``"stale"`` (an upstream output is not complete, or was rebuilt
+        after this one read it)."""
+        rec = self.record()
+        problem = self.content_problem(rec)
+        if problem:
+            return "damaged", problem
         problem = self.verify()
         if problem:
             return "damaged", problem
@@ -209,19 +262,22 @@ class ZGTask(luigi.Task):
         fresh ``build`` id, the ``build`` of every upstream output as read now, and every file
         written with its size in bytes (what :meth:`check_output` checks)."""
         if self.out_dir.exists():  # failed check_output(): keep the old folder for inspection
-            kind = (self.check_output() or ("damaged", ""))[0]
-            aside = f"{self.out_dir.name}.{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-            self.out_dir.rename(self.out_dir.with_name(aside))
+            self.move_aside((self.check_output() or ("damaged", ""))[0])
         ups = self.read_upstream()
         with atomic_path(self.out_dir) as tmp:
             tmp.mkdir(parents=True)
             yield tmp
             files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+            hashes = {name: file_sha256(tmp / name) for name in files} if self.content_hashes else {}
             info = {"family": self.get_task_family(), "label": self.label(), "uid": self.uid,
                     "config": canonical(self.own_config()), "numerics": self.numerics(),
                     "upstream": [t.uid for t in self.upstream()], "build": uuid.uuid4().hex,
                     "upstream_builds": {t.uid: (t.record() or {}).get("build") for t in ups}, "files": files}
+            if hashes:
+                info["sha256"] = hashes
             (tmp / RECORD).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        for name, digest in hashes.items():  # the bytes just hashed: complete() need not read them again
+            remember_sha256(self.out_dir / name, digest)
 
     def progress(self, done: int, total: int, message: str = "") -> None:
         """Report progress to the Luigi scheduler (shown in luigid's visualiser): percentage and a

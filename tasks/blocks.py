@@ -227,14 +227,19 @@ class ScoreBlock(_TeacherTask):
 
 def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
     """Rebuild the student blocks of ``blocks`` (finished TrainBlock tasks) from their
-    ``<which>.safetensors`` (``block`` = trained, ``init`` = untrained)."""
+    ``<which>.safetensors`` (``block`` = trained, ``init`` = untrained), each file's bytes checked
+    against the SHA-256 recorded when it was written first.
+
+    Raises:
+        tasks.base.DamagedOutputError: a block's file differs from what was written (that block's
+            folder is moved aside, so the next run retrains that block only)."""
     from safetensors.torch import load_file
 
     out = []
     for t in blocks:
-        meta = json.loads((t.out_dir / "metrics.json").read_text())
+        meta = json.loads(t.checked("metrics.json").read_text())
         b = build_block(model, meta["kept"], "random", 0, intermediate_size=meta.get("intermediate_size"),
                         kv_heads=meta.get("kv_heads"))
-        b.load_layer_state_dict(load_file(str(t.out_dir / f"{which}.safetensors")))
+        b.load_layer_state_dict(load_file(str(t.checked(f"{which}.safetensors"))))
         out.append(b)
     return out

@@ -52,6 +52,9 @@ class BoundaryShard(_CacheTask):
     # 2: load_base runs each family with its own attention implementation (Gemma 2: eager, soft-capped)
     # 3: format 4 files (h contiguous and unfiltered, an xxh3_64 per sequence)
     code_version = 3
+    # its files carry their own SHA-256 (shard.json, the join's manifest), checked by the reader when
+    # it first opens each file: hashing them again in every complete() would read the whole cache
+    content_hashes = False
 
     split = luigi.Parameter(description="train | val")
     lo = luigi.IntParameter(description="first sequence of the range")

@@ -166,3 +166,52 @@ def test_every_other_family_rebuilds_a_damaged_output_and_what_reads_it(case, fa
     ok, ran = run_graph(*roots(case, tmp_path))
     assert ok and set(ran) == want
     assert all(t.complete() for r in roots(case, tmp_path) for t in walk(r))
+
+
+def test_a_flipped_byte_in_a_blocks_weights_is_damaged_and_only_that_block_is_retrained(finished, tmp_path, run_graph):
+    """Four bytes overwritten inside block 0's tensor data (same size, modification time put back):
+    `zerograph status` (a new process) says `damaged` for that block, its consumers `stale`; a
+    consumer loading it fails in one line and moves it aside; the next run retrains block 0 only,
+    to the same bytes, and rebuilds what read it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tasks.base import DamagedOutputError
+    from tasks.blocks import load_blocks
+
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    tasks = graph(out)
+    block0 = next(t for t in tasks if t.get_task_family() == "TrainBlock")
+    f = block0.out_dir / "block.safetensors"
+    good, st = f.read_bytes(), f.stat()
+    bad = bytearray(good)
+    bad[-64:-60] = bytes(b ^ 0x5A for b in bad[-64:-60])  # inside the last tensor's data
+    f.write_bytes(bad)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == len(good)
+
+    status = subprocess.run([str(Path(sys.executable).parent / "zerograph"), "status", "--preset", "", "--set", CFG,
+                             "--outputs", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert status.returncode == 1, status.stderr
+    states = {line.split()[0] + " " + line.split()[1]: line.split()[2] for line in status.stdout.splitlines()}
+    assert states[f"TrainBlock {block0.label()}"] == "damaged", status.stdout
+    assert [k for k, v in states.items() if v == "damaged"] == [f"TrainBlock {block0.label()}"], status.stdout
+    assert states["Assemble student"] == "stale" and list(states.values()).count("done") >= 5, status.stdout
+
+    copy = tmp_path / "consumer"  # a consumer that loads the block checks it first: one line, moved aside
+    shutil.copytree(out, copy)
+    blk = next(t for t in graph(copy) if t.get_task_family() == "TrainBlock")
+    with pytest.raises(DamagedOutputError) as e:
+        load_blocks(blk.load_teacher()[1][0], [blk])
+    assert len(str(e.value).splitlines()) == 1 and "block.safetensors" in str(e.value) and "SHA-256" in str(e.value)
+    assert not blk.out_dir.exists() and list(blk.out_dir.parent.glob(f"{blk.out_dir.name}.damaged-*"))
+
+    want = closure_downstream(tasks, block0)
+    ok, ran = run_graph(RunExperiment(preset="", set=CFG, outputs=str(out)))
+    assert ok and {r for r in ran if r[0] != "RunExperiment"} == want
+    assert [r for r in ran if r[0] == "TrainBlock"] == [("TrainBlock", block0.label())]  # that block only
+    assert f.read_bytes() == good and block0.complete()  # retrained to the same bytes
+    assert list(block0.out_dir.parent.glob(f"{block0.out_dir.name}.damaged-*"))  # the damaged one kept aside

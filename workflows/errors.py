@@ -4,7 +4,7 @@ Luigi's worker logs every exception a task raises with its traceback (``luigi-in
 ``logger.exception``). For the errors whose message already says what is wrong and where — bad
 input found only while reading it (:class:`zgcore.config.experiment.ConfigError`, e.g. a corpus file that
 stops being UTF-8 after its first 64 KiB) and damaged stored data (a boundary shard, the token
-store) — a log filter replaces that record by the stderr line ``error: <task>: <message>`` without the traceback;
+store, a finished task's output: :class:`tasks.base.DamagedOutputError`) — a log filter replaces that record by the stderr line ``error: <task>: <message>`` without the traceback;
 ``ZG_TRACEBACK=1`` keeps it. The task still fails (Luigi's summary and exit code are unchanged).
 """
 from __future__ import annotations
@@ -16,9 +16,10 @@ import sys
 from zgcore.data.boundary_store import BoundaryStoreError
 from zgcore.checks import ConfigError
 from zgcore.data.corpus import TokenStoreError
+from tasks.base import DamagedOutputError
 
 from .experiment import TRACEBACK_ENV
-USER_ERRORS = (ConfigError, BoundaryStoreError, TokenStoreError)
+USER_ERRORS = (ConfigError, BoundaryStoreError, TokenStoreError, DamagedOutputError)
 
 
 class OneLineUserErrors(logging.Filter):

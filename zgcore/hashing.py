@@ -82,6 +82,33 @@ def file_sha256(path: str | PurePath, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+# file_sha256_cached: (absolute path, size, mtime_ns, inode) -> SHA-256 hex, for this process
+_SHA256_SEEN: dict[tuple, str] = {}
+
+
+def _file_key(path: str | PurePath) -> tuple:
+    import os
+
+    st = os.stat(path)
+    return os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def file_sha256_cached(path: str | PurePath) -> str:
+    """:func:`file_sha256` of ``path``, hashed once per process and version of the file (its size,
+    modification time and inode): checking a finished output's content on every ``complete()``
+    then costs one read per file and process. Raises ``OSError`` as reading does."""
+    key = _file_key(path)
+    if key not in _SHA256_SEEN:
+        _SHA256_SEEN[key] = file_sha256(path)
+    return _SHA256_SEEN[key]
+
+
+def remember_sha256(path: str | PurePath, digest: str) -> None:
+    """Record ``digest`` as the SHA-256 of ``path`` as it is now (what its writer just hashed), so
+    that :func:`file_sha256_cached` does not read it again in this process."""
+    _SHA256_SEEN[_file_key(path)] = digest
+
+
 def _strip_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
