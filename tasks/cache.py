@@ -43,7 +43,31 @@ class _CacheTask(_TeacherTask):
                 "corpus_fingerprint": meta["fingerprint"], "teacher_dtype": self.boundary["teacher_dtype"]}
 
 
-class BoundaryShard(_CacheTask):
+class _ShardTask(_CacheTask):
+    """One shard of a store built by the teacher: a contiguous range ``lo .. hi - 1`` of one
+    split's sequences (the ranges of :func:`zgcore.data.boundary_store.plan_shards`), one folder
+    written atomically by :func:`zgcore.data.boundary_store.write_shard` (checksummed file(s) and
+    ``shard.json``); complete when every file has its recorded size (content is checked on read)."""
+
+    split = luigi.Parameter(description="train | val")
+    lo = luigi.IntParameter(description="first sequence of the range")
+    hi = luigi.IntParameter(description="one past the last sequence of the range")
+
+    def requires(self):
+        return {"teacher": self.teacher_task(), "corpus": self.corpus_task()}
+
+    def label(self):
+        return f"{self.split}-{self.lo:08d}-{self.hi:08d}"
+
+    def verify(self):
+        return boundary_store.shard_problem(self.out_dir)
+
+    def rows(self):
+        """Token ids ``[hi - lo, seq_len]`` of the shard's range."""
+        return corpus.read_tokens(self.corpus_task().out_dir / "tokens.h5", self.split)[self.lo: self.hi]
+
+
+class BoundaryShard(_ShardTask):
     """Run the frozen teacher (its layers up to the last boundary, never the LM head, in
     ``teacher_dtype``) over one contiguous range of sequences of one split and store every
     boundary of that range: one checksummed HDF5 file per boundary (an xxh3_64 per sequence), and
@@ -56,22 +80,9 @@ class BoundaryShard(_CacheTask):
     # it first opens each file: hashing them again in every complete() would read the whole cache
     content_hashes = False
 
-    split = luigi.Parameter(description="train | val")
-    lo = luigi.IntParameter(description="first sequence of the range")
-    hi = luigi.IntParameter(description="one past the last sequence of the range")
-
-    def requires(self):
-        return {"teacher": self.teacher_task(), "corpus": self.corpus_task()}
-
     def own_config(self):
         return {"boundary": cache_settings(self.boundary), "split": self.split, "lo": self.lo, "hi": self.hi,
                 "format_version": boundary_store.FORMAT_VERSION}
-
-    def label(self):
-        return f"{self.split}-{self.lo:08d}-{self.hi:08d}"
-
-    def verify(self):
-        return boundary_store.shard_problem(self.out_dir)
 
     def run(self):
         from zgcore.models.teacher_weights import load_base
@@ -79,7 +90,7 @@ class BoundaryShard(_CacheTask):
         rss = PeakRSS().start()  # this shard task's peak resident memory (recorded in shard.json)
         rec = teacher_record(self.teacher_task())
         bs = resolve_boundaries(self.boundary, rec["n_layers"])
-        rows = corpus.read_tokens(self.corpus_task().out_dir / "tokens.h5", self.split)[self.lo: self.hi]
+        rows = self.rows()
         model = load_base(rec, max(bs), self.boundary["teacher_dtype"], self.device)
         with self.building() as tmp:
             r = boundary_store.write_shard(tmp, model, rows, self.split, self.lo, bs, self.boundary["dtype"],
@@ -89,24 +100,26 @@ class BoundaryShard(_CacheTask):
         self.log(f"built {r['hi'] - r['lo']} sequences in {r['build_seconds']:.1f} s")
 
 
-class TeacherBoundary(_CacheTask):
-    """The teacher cache: the join of its :class:`BoundaryShard` tasks (each a contiguous range of
-    ``boundary.shard_sequences`` sequences). Writes the manifest (every shard's files with sizes
-    and checksums, build times) and the per-channel statistics; presents the shards as one store
-    without copying them (:class:`zgcore.data.boundary_store.BoundaryReader` indexes the shard files).
+class _JoinTask(_CacheTask):
+    """The join of a store's shard tasks (``shard_class``, each a contiguous range of
+    ``boundary.shard_sequences`` sequences): writes the manifest (every shard's files with sizes
+    and checksums, build times) and the statistics (:func:`zgcore.data.boundary_store.join_shards`);
+    presents the shards as one store without copying them (a
+    :class:`zgcore.data.boundary_store.BoundaryReader` indexes the shard files).
 
     The shards are known once the corpus is tokenised: then they are static requirements, which
     every worker of a luigid sees and shares; otherwise ``run`` yields them (Luigi's dynamic
     requirements, run by this worker's processes)."""
 
     uses_device = False  # the join reads shard records and statistics rows only
+    shard_class: type[_ShardTask] = _ShardTask
 
     def requires(self):
         deps = {"teacher": self.teacher_task(), "corpus": self.corpus_task()}
         return {**deps, "shards": self.static_shards} if self.static_shards is not None else deps
 
     @property
-    def static_shards(self) -> list[BoundaryShard] | None:
+    def static_shards(self) -> list[_ShardTask] | None:
         """The shard tasks as static requirements, or None. Decided when first asked; an instance
         that started without them (corpus not yet tokenised: ``run`` yields them) takes them on
         only once all are complete, since Luigi checks at run time that ``requires`` is complete
@@ -119,28 +132,25 @@ class TeacherBoundary(_CacheTask):
 
     @cached_property
     def uid(self) -> str:
-        """Hash of the cache's settings, the teacher and corpus, its own code version and its shards'
-        numerics (their code version and compute precision: a bf16-autocast cache is another cache),
+        """Hash of the store's settings, the teacher and corpus, its own code version and its shards'
+        numerics (their code version and compute precision: a bf16-autocast store is another store),
         but not of the shard plan, which changes no byte."""
-        shards = {"code_version": int(BoundaryShard.code_version), "precision": precision(self.device)}
+        shards = {"code_version": int(self.shard_class.code_version), "precision": precision(self.device)}
         return config_hash(self.get_task_family(), {"config": self.own_config(), **self.numerics(), "shards": shards},
                            [self.teacher_task().uid, self.corpus_task().uid])
 
-    def shard_tasks(self) -> list[BoundaryShard] | None:
+    def shard_task(self, split: str, lo: int, hi: int) -> _ShardTask:
+        """The shard task of one range."""
+        raise NotImplementedError
+
+    def shard_tasks(self) -> list[_ShardTask] | None:
         """The shard tasks, or None while the corpus (and so the number of sequences) is unknown."""
         meta = self.corpus_task().out_dir / "meta.json"
         if not meta.is_file():
             return None
         m = json.loads(meta.read_text())
-        return [BoundaryShard(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, split=s, lo=lo, hi=hi,
-                              outputs=self.outputs, device=self.device)
+        return [self.shard_task(s, lo, hi)
                 for s, lo, hi in boundary_store.plan_shards(split_sizes(m), int(self.boundary["shard_sequences"]))]
-
-    def own_config(self):
-        return {"boundary": cache_settings(self.boundary), "format_version": boundary_store.FORMAT_VERSION}
-
-    def label(self):
-        return "boundaries"
 
     def verify(self):
         man = self.out_dir / boundary_store.MANIFEST
@@ -163,3 +173,20 @@ class TeacherBoundary(_CacheTask):
             m = boundary_store.join_shards(tmp, [t.out_dir for t in shards], split_sizes(meta), self.cache_extra(rec))
         self.log(f"{m['n_shards']} shard(s), {m['bytes'] / 2**20:.1f} MiB; teacher time {m['build_seconds']:.1f} s "
                  f"summed over shards, {m['build_wall_seconds']:.1f} s wall")
+
+
+class TeacherBoundary(_JoinTask):
+    """The teacher cache: the join of its :class:`BoundaryShard` tasks, the store every cached
+    TrainBlock reads (see :class:`_JoinTask`)."""
+
+    shard_class = BoundaryShard
+
+    def shard_task(self, split, lo, hi):
+        return BoundaryShard(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, split=split, lo=lo, hi=hi,
+                             outputs=self.outputs, device=self.device)
+
+    def own_config(self):
+        return {"boundary": cache_settings(self.boundary), "format_version": boundary_store.FORMAT_VERSION}
+
+    def label(self):
+        return "boundaries"

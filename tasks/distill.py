@@ -41,7 +41,9 @@ class DistillE2E(search.SearchesLR, _DistillTask):
     student layer-token passes as the blockwise arm (:func:`zgcore.training.distill.e2e_steps`) unless
     ``distill.steps`` is set; with ``heal`` (``steps`` > 0) as many as the blockwise arm plus that
     healing stage, whatever ``distill.steps`` says (so that "healing beats e2e" is
-    judged at equal passes). The teacher runs online; no boundary cache is needed.
+    judged at equal passes). The teacher runs online (no boundary cache is needed), or with
+    ``distill.targets = "cached"`` its top-k targets come from the logit store
+    (:class:`tasks.logits.TeacherLogitStore`) and only the student's own weights are read of it.
 
     With ``distill.lrs`` the arm searches its lr (:mod:`zgcore.training.lr_search`): each
     candidate is a DistillE2E at one lr (``candidate=True``), trained at this arm's full budget
@@ -65,7 +67,7 @@ class DistillE2E(search.SearchesLR, _DistillTask):
     section = "distill"
 
     def requires(self):
-        req = {"teacher": self.teacher_task(), "corpus": self.corpus_task()}
+        req = {"teacher": self.teacher_task(), "corpus": self.corpus_task(), **self.logit_requires()}
         imp = importance_task(self)
         if imp is not None:
             req["importance"] = imp
@@ -96,7 +98,9 @@ class DistillE2E(search.SearchesLR, _DistillTask):
 
     def label(self):
         lr = "-lrs" if self.distill.get("lrs") else f"-lr{float(self.distill['lr']):g}" if self.candidate else ""
+        k = int(self.distill.get("top_k") or 0)
         return (f"e2e-T{self.distill['temperature']}-h{self.distill['hidden_weight']}{lr}"
+                + (f"-top{k}-{self.distill['targets']}" if k else "")
                 + (f"-heal{int(self.heal['steps'])}" if self.matches_heal() else ""))
 
     def settings(self):
@@ -132,13 +136,24 @@ class DistillE2E(search.SearchesLR, _DistillTask):
         _DistillTask.run(self)
 
     def start_student(self, teacher):
+        """The blockwise arm's untrained student (:func:`zgcore.training.distill.initial_student`): built
+        from the loaded teacher online; with cached targets (``teacher`` None) from the kept layers'
+        weights alone and the teacher's embedding, final norm and LM head
+        (:func:`zgcore.models.teacher_weights.layer_source`, :func:`~zgcore.models.teacher_weights.load_head`)."""
         from zgcore.models.shapes import resolve_boundaries
+        from zgcore.models.teacher_weights import layer_source, load_head
+
+        from .teacher import teacher_record
 
         n_train = int(corpus.read_meta(self.corpus_task().out_dir / "tokens.h5")["n_train"])
-        bounds = resolve_boundaries(self.boundary, len(zdistill_layers(teacher)))
+        head = None
+        if teacher is None:  # cached targets: never the whole teacher
+            rec = teacher_record(self.teacher_task())
+            teacher, head = layer_source(rec, self.device), load_head(rec, self.device)
+        bounds = resolve_boundaries(self.boundary, int(teacher.config.get_text_config().num_hidden_layers))
         imp = self.requires().get("importance")
         measured = json.loads((imp.out_dir / "importance.json").read_text()) if imp is not None else None
-        student, pairs, passes = zdistill.initial_student(teacher, bounds, self.blocks, n_train, measured)
+        student, pairs, passes = zdistill.initial_student(teacher, bounds, self.blocks, n_train, measured, head=head)
         layers = sum(n for _, _, n in passes)
         bs = int(self.distill["batch_size"])
         matched = zdistill.e2e_steps(passes, layers, bs)
@@ -182,13 +197,6 @@ def importance_task(task):
 
     need = [t for t in task.blocks if students.needs_measure(t)]
     return layer_importance(task, need[0]) if need else None
-
-
-def zdistill_layers(model):
-    """The decoder layers of a causal LM."""
-    from zgcore.models.adapters import adapter_for
-
-    return adapter_for(model).decoder_layers(model)
 
 
 class EvaluateStudent(_StudentTask):

@@ -48,6 +48,10 @@ class Evaluate(_StudentTask):
         if any(t["targets"] == "cached" for t in self.blocks):  # its manifest feeds the cache economics
             req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
                                            outputs=self.outputs, device=self.device)
+        if int(self.heal.get("steps", 0)) and self.heal.get("targets") == "cached":  # its manifest: the store's cost
+            from .logits import logit_store_task
+
+            req["logits"] = logit_store_task(self, self.heal)
         if held_out_tasks(self, self.eval):  # eval.extra: out-of-domain held-out corpora
             req["extra"] = held_out_tasks(self, self.eval)
         return req
@@ -95,6 +99,8 @@ class Evaluate(_StudentTask):
             manifest = json.loads((req["cache"].out_dir / "manifest.json").read_text())
             report["economics"] = zreport.economics(manifest, blocks, [t["batch_size"] for t in self.blocks],
                                                     lambda s, e, b: metrics.teacher_forward_seconds(teacher, val, s, e, b))
+        if "logits" in req:
+            report["logit_store"] = zreport.logit_store_cost(json.loads((req["logits"].out_dir / "manifest.json").read_text()))
         with self.building() as tmp:
             write_json(tmp / "report.json", report)
             write_text(tmp / "report.md", zreport.report_markdown(report))

@@ -20,14 +20,25 @@ from .work import Resumable
 
 
 def heal_hashed(h) -> dict[str, Any]:
-    """The healing settings a result depends on (``checkpoint_every`` and ``tensorboard`` are not)."""
-    return {k: v for k, v in dict(h).items() if k not in ("checkpoint_every", "tensorboard")}
+    """The healing settings a result depends on (``checkpoint_every`` and ``tensorboard`` are not;
+    nor ``top_k`` when 0 or ``targets`` when ``"online"``, the defaults: healed students from before
+    they existed keep their names)."""
+    out = {k: v for k, v in dict(h).items() if k not in ("checkpoint_every", "tensorboard")}
+    if not int(out.get("top_k") or 0):
+        out.pop("top_k", None)
+    if out.get("targets", "online") == "online":
+        out.pop("targets", None)
+    return out
 
 
 class _DistillTask(Resumable, _StudentTask):
     """Shared run of the end-to-end distillation tasks: train a student model on the teacher's
     logits with :func:`zgcore.training.distill.distill` and save it as a Hugging Face folder ``model/``
-    with ``metrics.json`` (incl. ``peak_rss_mib``), ``loss_log.csv`` and ``train_state.pt``."""
+    with ``metrics.json`` (incl. ``peak_rss_mib``), ``loss_log.csv`` and ``train_state.pt``.
+
+    With ``targets = "cached"`` the targets are read from the top-k logit store
+    (:class:`tasks.logits.TeacherLogitStore`, required as ``"logits"``) and the teacher is never
+    loaded: no layer of it beyond what the student is built from, its tokenizer only."""
 
     section = "heal"  # the configuration section of settings(), named in errors
 
@@ -39,19 +50,41 @@ class _DistillTask(Resumable, _StudentTask):
         raise NotImplementedError
 
     def start_student(self, teacher):
-        """``(student, pairs, extra_metrics)``: the model to train, hidden-term layer pairs, metrics to record."""
+        """``(student, pairs, extra_metrics)``: the model to train, hidden-term layer pairs, metrics
+        to record. ``teacher``: the loaded teacher, or ``None`` with cached targets."""
         raise NotImplementedError
 
+    def section_settings(self) -> dict[str, Any]:
+        """The configuration section as given (``heal`` or ``distill``; the step count unresolved)."""
+        return dict(getattr(self, self.section))
+
+    def cached(self) -> bool:
+        """Whether the targets come from the top-k logit store."""
+        return self.section_settings().get("targets", "online") == "cached"
+
+    def logit_requires(self) -> dict[str, Any]:
+        """``{"logits": TeacherLogitStore}`` with cached targets, else ``{}``."""
+        from .logits import logit_store_task
+
+        return {"logits": logit_store_task(self, self.section_settings())} if self.cached() else {}
+
     def run(self):
+        from .teacher import teacher_tokenizer
+
         with PeakRSS() as rss:
-            rec, (teacher, tok) = self.load_teacher()
+            store = None
+            if self.cached():  # the tokenizer only: the targets are in the store
+                teacher, tok = None, teacher_tokenizer(self.teacher_task())
+                store = self.requires()["logits"].out_dir
+            else:
+                rec, (teacher, tok) = self.load_teacher()
             tokens = corpus.read_tokens(self.corpus_task().out_dir / "tokens.h5", "train")
             student, pairs, extra = self.start_student(teacher)
             h = self.settings()
             m = zdistill.distill(student, teacher, tokens, h, int(h["steps"]), int(h["seed"]), self.work_dir, self.uid,
                                  pairs=pairs, name=f"{self.get_task_family()} {self.label()}", section=self.section,
                                  progress=lambda s, n, v: self.progress(s, n, f"step {s}/{n} loss {v[0]:.4f}"),
-                                 callbacks=self.watchers(h.get("tensorboard", True)))
+                                 callbacks=self.watchers(h.get("tensorboard", True)), store=store)
         with self.building() as tmp:
             student.save_pretrained(tmp / "model")
             tok.save_pretrained(tmp / "model")
@@ -87,7 +120,7 @@ class Heal(_DistillTask):
     def requires(self):
         req = {"assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
                                     outputs=self.outputs, device=self.device),
-               "corpus": self.corpus_task()}
+               "corpus": self.corpus_task(), **self.logit_requires()}
         if float(self.heal.get("hidden_weight") or 0) > 0:  # the blocks' records place the interior boundaries
             req["blocks"] = self.block_tasks()
         return req
@@ -96,7 +129,8 @@ class Heal(_DistillTask):
         return {"heal": heal_hashed(self.heal)}
 
     def label(self):
-        return f"healed-{int(self.heal['steps'])}"
+        k = int(self.heal.get("top_k") or 0)
+        return f"healed-{int(self.heal['steps'])}" + (f"-top{k}-{self.heal['targets']}" if k else "")
 
     def settings(self):
         return dict(self.heal)

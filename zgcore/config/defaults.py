@@ -14,6 +14,12 @@ HEAL_DEFAULTS: dict[str, Any] = {
     "lr": 1e-4,  # AdamW peak learning rate
     "batch_size": 4,  # sequences per step
     "temperature": 1.0,  # softmax temperature of the logit KD (> 0)
+    # 0 = KD on the full vocabulary; k > 0 = KL over the teacher's top k tokens plus one bucket for the rest
+    # (zgcore.training.topk), computed in chunks of positions; online or from the top-k logit store
+    "top_k": 0,
+    # "online": the teacher runs each step; "cached": read top_k targets from the logit store (TeacherLogitStore:
+    # the teacher's layers are never loaded; needs top_k > 0 and hidden_weight = 0); the same bytes either way
+    "targets": "online",
     "hidden_weight": 0.0,  # weight of the hidden-state term at the interior boundaries (0 = logits only)
     "warmup_steps": 0,  # linear learning-rate warmup steps
     "weight_decay": 0.0,  # AdamW weight decay
@@ -138,6 +144,7 @@ TARGETS = ("cached", "online")
 # registry (zgcore.training.objectives) holds train.objective's.
 CHOICES: dict[str, tuple[str, ...]] = {
     "boundary.dtype": DTYPES, "boundary.teacher_dtype": DTYPES, "train.targets": TARGETS,
+    "heal.targets": TARGETS, "distill.targets": TARGETS,
     "train.loss_norm": LOSS_NORMS, "train.keep": KEEP_POLICIES, "train.init": INITS,
     "library.budget_unit": ("params", "flops", "kv_bytes"),
 }

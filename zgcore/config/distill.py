@@ -26,6 +26,15 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
         positive_int(f"{where}.{k}", h[k])
     for k in ("warmup_steps", "seed"):
         positive_int(f"{where}.{k}", h[k], zero_ok=True)
+    positive_int(f"{where}.top_k", h["top_k"], zero_ok=True)
+    if h["targets"] not in ("online", "cached"):
+        raise ConfigError(f"{where}.targets must be \"online\" or \"cached\", got {h['targets']!r}")
+    if h["targets"] == "cached" and not int(h["top_k"]):
+        raise ConfigError(f"{where}.targets=cached reads top-k targets: set {where}.top_k > 0 (e.g. 64); "
+                          "the full vocabulary (top_k = 0) is online only")
+    if h["targets"] == "cached" and float(h["hidden_weight"]) > 0:
+        raise ConfigError(f"{where}.targets=cached reads only the teacher's logits: set {where}.hidden_weight=0 "
+                          f"or {where}.targets=online (the hidden-state term needs the teacher's residual stream)")
     if not isinstance(h["tensorboard"], bool):
         raise ConfigError(f"{where}.tensorboard must be true or false, got {h['tensorboard']!r}")
     if "lrs" in h:
@@ -34,10 +43,16 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
 
 def distill_hashed(d: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of an end-to-end distillation a result depends on: not ``checkpoint_every`` or
-    ``tensorboard``;
+    ``tensorboard``; not ``top_k`` when 0 nor ``targets`` when ``"online"`` (the defaults: runs
+    from before they existed keep their hashes; a cached run is a result of its own, with its own
+    name, though byte-identical to the online top-k run);
     without a search (``lrs`` empty or absent) not ``lrs``/``lr_rounds`` (so arms without one keep
     their hashes); with one not ``lr`` (the search chooses it)."""
     out = {k: v for k, v in dict(d).items() if k not in ("checkpoint_every", "tensorboard")}
+    if not int(out.get("top_k") or 0):
+        out.pop("top_k", None)
+    if out.get("targets", "online") == "online":
+        out.pop("targets", None)
     if out.get("lrs"):
         out.pop("lr", None)
     else:

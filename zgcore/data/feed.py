@@ -202,7 +202,8 @@ def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
     ``idx`` the step's sequence indices (int64), ``x`` / ``y`` boundaries ``b_in`` / ``b_out``
     of those sequences (``[len(idx), seq_len, hidden]`` in the store's dtype, float32 / bfloat16 /
     float16, as :meth:`~zgcore.data.boundary_store.BoundaryReader.read` returns them: the consumer
-    widens with ``.float()`` after copying them to its device). Step ``s`` is batch
+    widens with ``.float()`` after copying them to its device); ``y`` is ``None`` when ``b_out``
+    is (a store read for one array, as the top-k logit store's records). Step ``s`` is batch
     ``s % per_epoch`` of epoch ``s // per_epoch`` in :func:`zgcore.training.loop.data_order`.
 
     ``reader``: a :class:`~zgcore.data.boundary_store.BoundaryReader`, or the store's folder (opened
@@ -222,7 +223,7 @@ def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
             if e != epoch:
                 epoch, order = e, data_order(n, seed, e)
             idx = order[k * batch_size: (k + 1) * batch_size]
-            yield step, idx, r.read("train", b_in, idx), r.read("train", b_out, idx)
+            yield step, idx, r.read("train", b_in, idx), (r.read("train", b_out, idx) if b_out is not None else None)
     finally:
         if own:
             r.close()

@@ -261,6 +261,25 @@ def _economics_md(econ: Mapping[str, Any], teacher_layers: int) -> list[str]:
             + f". {econ['method']}", ""]
 
 
+def logit_store_cost(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """What the top-k logit store cost, from its manifest: ``top_k``, ``temperature``, ``shards``,
+    ``build_seconds`` (teacher time summed over shards, s), ``build_wall_seconds`` (s),
+    ``bytes`` (its shard files), ``bytes_per_token`` (``bytes`` over every stored token, HDF5
+    and checksums included)."""
+    tokens = (int(manifest["n_train"]) + int(manifest["n_val"])) * int(manifest["seq_len"])
+    return {"top_k": manifest["top_k"], "temperature": manifest["temperature"], "shards": manifest["n_shards"],
+            "build_seconds": manifest["build_seconds"], "build_wall_seconds": manifest["build_wall_seconds"],
+            "bytes": manifest["bytes"], "bytes_per_token": manifest["bytes"] / max(1, tokens)}
+
+
+def _logit_store_md(c: Mapping[str, Any]) -> list[str]:
+    return ["## Top-k logit store", "",
+            (f"The teacher's top-{c['top_k']} targets at T = {c['temperature']:g} (what healing read instead of running "
+             f"the teacher): {c['shards']} shard(s), {num(c['build_seconds'], '.1f')} s teacher time summed over shards, "
+             f"{num(c['build_wall_seconds'], '.1f')} s wall, {num(c['bytes'] / 2**20, '.2f')} MiB "
+             f"({num(c['bytes_per_token'], '.1f')} bytes/token)."), ""]
+
+
 def _shift_md(shift: Mapping[str, Any]) -> list[str]:
     rows = [[r["block"], num(r["teacher_input"]), num(r["student_input"])] + [num(r["noisy_input"][str(s)]) for s in shift["scales"]]
             for r in shift["blocks"]]
@@ -334,6 +353,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
                          for k, label in MODELS]), ""]
     if report.get("economics"):
         lines += _economics_md(report["economics"], report["layers"]["teacher"])
+    if report.get("logit_store"):
+        lines += _logit_store_md(report["logit_store"])
     if report.get("shift"):
         lines += _shift_md(report["shift"])
     if report.get("gates"):

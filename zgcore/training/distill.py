@@ -21,10 +21,15 @@ import numpy as np
 import torch
 
 from zgcore.device import autocast
+from zgcore.data.feed import block_batches, to_device
+from zgcore.data.logit_store import LOGITS, online_targets, open_store, unpack
 from zgcore.data.order import data_order
 from zgcore.models.shapes import check_one_width
 from zgcore.training.loop import StepInfo, TrainLoop, loss_metrics
 from zgcore.training.objectives import regression_loss
+from zgcore.training.topk import topk_kd_loss
+
+STORE_AHEAD = 2  # batches of records read ahead of the step by the input pipeline's worker thread
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """``T**2`` times the mean over positions of KL(teacher || student) of the softmax at temperature ``T``.
@@ -58,17 +63,20 @@ def e2e_steps(block_passes: Sequence[tuple[int, int, int]], student_layers: int,
     return max(1, math.ceil(total / (batch_size * student_layers)))
 
 
-def initial_student(teacher: torch.nn.Module, bounds: Sequence[int], blocks: Sequence[Mapping[str, Any]],
-                    n_train: int, measured: Mapping[str, Any] | None = None,
+def initial_student(teacher, bounds: Sequence[int], blocks: Sequence[Mapping[str, Any]],
+                    n_train: int, measured: Mapping[str, Any] | None = None, head: torch.nn.Module | None = None,
                     ) -> tuple[torch.nn.Module, list[tuple[int, int]], list[tuple[int, int, int]]]:
     """The blockwise arm's student before training, whole: the same kept layers, MLP widths and
     initialisation as each ``TrainBlock`` (``build_block`` with the block's own seed), assembled.
 
     Args:
-        teacher: the teacher causal LM. bounds: boundary layer indices ``b_0 = 0 < ... < b_K``.
+        teacher: the teacher causal LM, or a :class:`zgcore.models.teacher_weights.LazyLayers`
+            (then ``head`` is required). bounds: boundary layer indices ``b_0 = 0 < ... < b_K``.
         blocks: each block's resolved train settings. n_train: training sequences (for step counts).
         measured: the ``LayerImportance`` measurements (``influence``, ``channels``) when a block
             keeps layers by importance or narrows its MLP (:func:`zgcore.models.students.needs_measure`).
+        head: the teacher's embedding, final norm and LM head (:func:`zgcore.models.teacher_weights.load_head`)
+            to assemble the student with, instead of ``teacher``'s.
 
     Raises:
         zgcore.config.experiment.ConfigError: blocks of different MLP widths (:func:`check_one_width`).
@@ -92,7 +100,7 @@ def initial_student(teacher: torch.nn.Module, bounds: Sequence[int], blocks: Seq
         offset += len(kept)
         if i + 1 < len(blocks):
             pairs.append((offset, bounds[i + 1]))
-    return assemble(teacher, built), pairs, passes
+    return assemble(head if head is not None else teacher, built), pairs, passes
 
 
 def e2e_block_settings(t: Mapping[str, Any], matched: bool) -> dict[str, Any]:
@@ -116,18 +124,46 @@ def _residuals(model: torch.nn.Module, ids: torch.Tensor, layers: Sequence[int])
     return out.logits, ({j: out.hidden_states[j] for j in layers} if layers else {})
 
 
-def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarray, h: Mapping[str, Any], steps: int,
-            seed: int, work: Path | None, run_hash: str, pairs: Sequence[tuple[int, int]] = (), name: str = "distill",
-            section: str = "heal", progress: Callable[[int, int, Sequence[float]], None] | None = None,
-            callbacks: Sequence[Callable[[StepInfo], None]] = ()) -> dict[str, Any]:
+def _final_hidden(model: torch.nn.Module, ids: torch.Tensor, layers: Sequence[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """The final hidden states (after the final norm) ``[B, S, H]`` of a causal LM's base model,
+    without its LM head, and the raw residual stream at the input of each of ``layers``."""
+    from zgcore.models.adapters import adapter_for
+
+    out = adapter_for(model).base_model(model)(input_ids=ids, use_cache=False, output_hidden_states=bool(layers))
+    return out.last_hidden_state, ({j: out.hidden_states[j] for j in layers} if layers else {})
+
+
+def _open_store(store: str | Path, k: int, temperature: float, n: int):
+    """The logit store's reader, checked to hold ``n`` training sequences of top-``k`` records."""
+    from zgcore.data.boundary_store import BoundaryStoreError
+
+    r = open_store(store, k, temperature)
+    if r.n("train") != n:
+        r.close()
+        raise BoundaryStoreError(f"{r.root}: {r.n('train')} training sequences, but the corpus has {n}")
+    return r
+
+
+def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: np.ndarray, h: Mapping[str, Any],
+            steps: int, seed: int, work: Path | None, run_hash: str, pairs: Sequence[tuple[int, int]] = (),
+            name: str = "distill", section: str = "heal", progress: Callable[[int, int, Sequence[float]], None] | None = None,
+            callbacks: Sequence[Callable[[StepInfo], None]] = (), store: str | Path | None = None) -> dict[str, Any]:
     """Train ``student``'s decoder layers end to end on the teacher's logits (and hidden states).
+
+    With ``h["top_k"]`` = 0 the loss is the full-vocabulary :func:`kd_loss`; with ``top_k`` > 0 it
+    is :func:`zgcore.training.topk.topk_kd_loss` on the teacher's top-k targets, computed online
+    (:func:`zgcore.data.logit_store.online_targets`) or read from the top-k logit ``store``
+    through the prefetching input pipeline (:func:`zgcore.data.feed.block_batches`): the same
+    bits either way, so the two train byte-identical students.
 
     Args:
         student: an HF causal LM of the teacher's family (float32), modified in place.
-        teacher: the frozen teacher (same vocabulary).
+        teacher: the frozen teacher (same vocabulary); ``None`` with a ``store`` (cached targets).
         tokens: training sequences ``[n, seq_len]`` int64.
         h: settings as :data:`zgcore.config.defaults.HEAL_DEFAULTS` (``lr``, ``batch_size``, ``temperature``,
-            ``hidden_weight``, ``warmup_steps``, ``weight_decay``, ``grad_clip``, ``checkpoint_every``).
+            ``top_k``, ``hidden_weight``, ``warmup_steps``, ``weight_decay``, ``grad_clip``, ``checkpoint_every``).
+        store: the top-k logit store's join folder (needs ``top_k`` > 0 and ``hidden_weight`` = 0;
+            its manifest must say ``top_k`` and ``temperature`` and hold ``n`` training sequences).
         steps: optimizer steps. seed: data order (``data_order(n, seed, epoch)``).
         work: checkpoint folder (kept across interruptions); ``None`` = nothing on disk.
         pairs: ``(student_layer, teacher_layer)`` interior boundaries of the hidden-state term
@@ -142,11 +178,19 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarr
 
     Raises:
         zgcore.training.loop.NonFiniteError: a non-finite loss or gradient norm.
+        zgcore.data.boundary_store.BoundaryStoreError: the store does not match, or a damaged shard
+            (moved aside, named).
+        ValueError: ``store`` without ``top_k`` > 0, with the hidden-state term, or without a teacher and store.
     """
     device = next(student.parameters()).device
     bs, n, T = int(h["batch_size"]), len(tokens), float(h["temperature"])
     w_hidden = float(h.get("hidden_weight") or 0.0)
     pairs = list(pairs) if w_hidden > 0 else []
+    k = int(h.get("top_k") or 0)
+    if store is not None and (not k or pairs):
+        raise ValueError(f"cached targets need {section}.top_k > 0 and {section}.hidden_weight = 0")
+    if store is None and teacher is None:
+        raise ValueError("distill needs the teacher (online targets) or a top-k logit store (cached targets)")
     from zgcore.models.adapters import adapter_for
 
     layers = adapter_for(student).decoder_layers(student)
@@ -159,8 +203,12 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarr
     loop = TrainLoop(name, [params], h, steps, work, run_hash, {"student": student}, columns, section=section,
                      callbacks=callbacks)
     per_epoch = (n + bs - 1) // bs
+    reader = _open_store(store, k, T, n) if store is not None else None
 
     def batches(step: int) -> Iterator[torch.Tensor]:
+        if reader is not None:  # (step, idx, records, None), read ahead by a worker thread
+            yield from block_batches(reader, LOGITS, None, n, seed, bs, step, steps, STORE_AHEAD)
+            return
         while True:
             epoch, k = divmod(step, per_epoch)
             order = data_order(n, seed, epoch)
@@ -168,12 +216,30 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarr
                 yield torch.as_tensor(tokens[order[kb * bs: (kb + 1) * bs]], dtype=torch.long, device=device)
                 step += 1
 
-    def step_fn(ids: torch.Tensor, step: int) -> list[float]:
-        with torch.no_grad(), autocast(device):
-            t_logits, t_hidden = _residuals(teacher, ids, [t for _, t in pairs])
-        with autocast(device):
-            s_logits, s_hidden = _residuals(student, ids, [s for s, _ in pairs])
-        kd = kd_loss(s_logits, t_logits, T)
+    def step_fn(batch, step: int) -> list[float]:
+        if reader is not None:
+            _, idx, rec, _ = batch
+            ids = torch.as_tensor(tokens[idx], dtype=torch.long, device=device)
+        else:
+            ids, rec = batch, None
+        t_hidden = {}
+        if k:
+            if rec is None:  # online: the teacher's records, as the store would hold them
+                with autocast(device):
+                    rec = online_targets(teacher, ids, k, T)
+            if pairs:
+                with torch.no_grad(), autocast(device):
+                    _, t_hidden = _residuals(teacher, ids, [t for _, t in pairs])
+            t_ids, t_logp, t_rest = unpack(to_device(rec, device), k)
+            with autocast(device):
+                hidden, s_hidden = _final_hidden(student, ids, [s for s, _ in pairs])
+                kd = topk_kd_loss(hidden, head, t_ids, t_logp, t_rest, T)
+        else:
+            with torch.no_grad(), autocast(device):
+                t_logits, t_hidden = _residuals(teacher, ids, [t for _, t in pairs])
+            with autocast(device):
+                s_logits, s_hidden = _residuals(student, ids, [s for s, _ in pairs])
+            kd = kd_loss(s_logits, t_logits, T)
         values = [loop.check(step, "the KD term", kd.item())]
         loss = kd
         if pairs:
@@ -182,8 +248,17 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, tokens: np.ndarr
             loss = kd + w_hidden * hid
         return loop.step_on(step, loss, values)
 
+    ad = adapter_for(student)
+
+    def head(hid: torch.Tensor) -> torch.Tensor:
+        return ad.finish_logits(student.config, student.get_output_embeddings()(hid))
+
     student.train()
-    m = loop.run(batches, step_fn, progress=progress)
+    try:
+        m = loop.run(batches, step_fn, progress=progress)
+    finally:
+        if reader is not None:
+            reader.close()
     student.eval()
     return {**loss_metrics(m, columns), "tokens_seen": steps * bs * int(tokens.shape[1])}
 

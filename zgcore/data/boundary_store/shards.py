@@ -50,19 +50,25 @@ def plan_shards(n: Mapping[str, int], shard_sequences: int) -> list[tuple[str, i
 def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str, lo: int, boundaries: Sequence[int],
                 dtype: str, batch_size: int, extra: Mapping[str, Any],
                 progress: Callable[[int, int], None] | None = None,
-                peak_rss: Callable[[], float | None] | None = None) -> dict[str, Any]:
+                peak_rss: Callable[[], float | None] | None = None,
+                capture: Callable[[torch.Tensor], Mapping[int, torch.Tensor]] | None = None,
+                width: int | None = None) -> dict[str, Any]:
     """Run the frozen ``teacher`` over ``rows`` (token ids ``[m, seq_len]``, sequences
     ``lo .. lo+m-1`` of ``split``) and write the shard's files into ``folder`` (which must exist;
     the caller renames it into place). Batches start at ``lo``, so with ``lo`` a multiple of
     ``batch_size`` every sequence sees the same batch as in an unsharded build. ``peak_rss``: called
-    once at the end, its figure (MiB) is recorded as the shard's ``peak_rss_mib``.
+    once at the end, its figure (MiB) is recorded as the shard's ``peak_rss_mib``. ``capture``:
+    ``capture(ids [B, seq_len] int64) -> {b: float32 [B, seq_len, width]}`` computes what is stored
+    instead of the teacher's boundaries (the top-k logit store, :mod:`zgcore.data.logit_store`,
+    stores its records so), ``width`` their last dimension (default: the teacher's hidden size).
 
     Returns the shard record (also written to ``shard.json``). Raises
     :class:`BoundaryStoreError` if the teacher produces a non-finite boundary.
     """
     folder = Path(folder)
     device = next(teacher.parameters()).device
-    hidden, seq_len, m = int(teacher.config.hidden_size), int(rows.shape[1]), len(rows)
+    hidden = int(width) if width is not None else int(teacher.config.hidden_size)
+    seq_len, m = int(rows.shape[1]), len(rows)
     n_stats = max(0, min(m, STATS_SEQUENCES - lo)) if split == "train" else 0
     started, t0 = time.time(), time.perf_counter()
     files = {b: h5py.File(folder / f"b{b}.h5", "w") for b in boundaries}
@@ -73,7 +79,8 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
         sumsq = {b: [] for b in boundaries}
         for k in range(0, m, batch_size):
             ids = torch.from_numpy(rows[k: k + batch_size].astype(np.int64)).to(device)
-            for b, h in capture_boundaries(teacher, ids, boundaries).items():
+            captured = capture(ids) if capture is not None else capture_boundaries(teacher, ids, boundaries)
+            for b, h in captured.items():
                 check_finite(h, f"teacher output at boundary {b}, {split} sequences {lo + k}..{lo + k + len(ids) - 1}")
                 stored = to_storage(h, dtype)
                 dsets[b][k: k + len(ids)] = stored
