@@ -28,6 +28,37 @@ from .heldout import held_out_tasks, read_held_out
 from .teacher import PrepareCorpus, _TeacherTask
 
 CANDIDATE = "candidate.json"
+BATCH = 8  # sequences per forward when scoring on the tuning rows
+
+
+class ScoreTeacher(_TeacherTask):
+    """The teacher's held-out cross-entropy (nats/token) on the tuning rows (the validation
+    sequences outside the test subset): the reference every candidate's in-context CE is measured
+    against, computed once. Writes ``teacher_ce.json`` ``{"ce", "sequences"}``."""
+
+    corpus = luigi.DictParameter(visibility=HIDDEN)
+    tune = luigi.DictParameter(visibility=HIDDEN, description="the test subset's settings {max_sequences, subset_seed}")
+
+    def requires(self):
+        return {"teacher": self.teacher_task(),
+                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+
+    def own_config(self):
+        return {"tune": dict(self.tune)}
+
+    def label(self):
+        return "teacher-tune-ce"
+
+    def run(self):
+        _rec, (teacher, _tok) = self.load_teacher()
+        val = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "val")
+        rows = search.tune_rows(len(val), dict(self.tune), "the library's candidate scores")
+        ce = metrics.cross_entropy(teacher, val[rows], BATCH, desc="CE teacher (tuning rows)")
+        if not math.isfinite(ce):
+            raise ValueError(f"the teacher's held-out CE on the tuning rows is not finite ({ce})")
+        with self.building() as tmp:
+            write_json(tmp / "teacher_ce.json", {"ce": ce, "sequences": len(rows)})
+        self.log(f"teacher CE {ce:.4f} nats/token on {len(rows)} tuning sequences")
 
 
 class ScoreCandidate(_TeacherTask):
@@ -49,7 +80,9 @@ class ScoreCandidate(_TeacherTask):
 
     def requires(self):
         req = {"block": self.block_task(), "teacher": self.teacher_task(),
-               "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+               "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs),
+               "teacher_ce": ScoreTeacher(teacher=self.teacher, corpus=self.corpus, tune=self.tune, outputs=self.outputs,
+                                          device=self.device)}
         if self.train["targets"] == "cached":
             req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
                                            outputs=self.outputs, device=self.device)
@@ -73,9 +106,8 @@ class ScoreCandidate(_TeacherTask):
         model = assemble_exact(teacher, parts)
         val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
         rows = search.tune_rows(len(val), dict(self.tune), f"the library's candidate scores (block {self.block})")
-        bs = 8  # sequences per forward
-        ce_teacher = metrics.cross_entropy(teacher, val[rows], bs, desc="CE teacher (tuning rows)")
-        ce = metrics.cross_entropy(model, val[rows], bs, desc=f"CE candidate {self.label()}")
+        ce_teacher = json.loads((req["teacher_ce"].out_dir / "teacher_ce.json").read_text())["ce"]
+        ce = metrics.cross_entropy(model, val[rows], BATCH, desc=f"CE candidate {self.label()}")
         block_loss = None
         if "cache" in req:
             with boundary_store.BoundaryReader(req["cache"].out_dir) as source:

@@ -60,23 +60,26 @@ def test_library_trains_each_candidate_once_and_reports(library):
     _cfg, task, ran, _out = library
     trained = [t for f, t in ran if f == "TrainBlock"]
     cands = [c for part in task.candidates for c in part]
-    # 4 variants at each of 2 partitions, every one trained exactly once, no other block
-    assert len(cands) == 8 and len(trained) == 8 and len({t.uid for t in trained}) == 8
+    # 3 variants at each of 2 partitions, every one trained exactly once, no other block
+    assert len(cands) == 6 and len(trained) == 6 and len({t.uid for t in trained}) == 6
     assert sorted(t.uid for t in trained) == sorted(s.block_task().uid for p in task.score_tasks() for s in p)
     rep = json.loads((task.out_dir / "report.json").read_text())
-    assert len(rep["candidates"]) == 8 and [s["budget"] for s in rep["selections"]] == [b["budget"] for b in task.budgets]
+    assert len(rep["candidates"]) == 6 and [s["budget"] for s in rep["selections"]] == [b["budget"] for b in task.budgets]
     table = {(c["partition"], c["variant"]): c for c in rep["candidates"]}
     for c in rep["candidates"]:
         assert np.isfinite(c["ce_increase"]) and c["ce_increase"] == pytest.approx(c["ce"] - c["ce_teacher"])
         assert c["block_loss"] >= 0 and c["params"] > 0 and c["flops"] > 2 * c["params"] and c["kv_bytes"] > 0
-    # the full-depth full-width candidate costs what the teacher's partition costs; one KV head halves its KV bytes
-    extra = task.teacher_cost["params"] - 2 * table[(0, 0)]["params"]
-    assert table[(0, 3)]["kv_bytes"] * 2 == table[(0, 0)]["kv_bytes"] and table[(0, 1)]["params"] * 2 == table[(0, 0)]["params"]
+    # costs from the shapes: one kept layer is a quarter of the 4-layer teacher; half the MLP of 2 layers
+    # removes 2 x 3 x 32 x 32 weights; one KV head of 8 halves the 2 layers' KV bytes (4 layers: 256 bytes)
+    one = table[(0, 0)]["params"]
+    extra = task.teacher_cost["params"] - 4 * one
+    assert extra == 32 and table[(0, 1)]["params"] == 2 * one - 2 * 3 * 32 * 32
+    assert table[(0, 2)]["kv_bytes"] == task.teacher_cost["kv_bytes"] // 4 == 64
     for s in rep["selections"]:
         assert set(s) >= {"budget", "chosen", "params", "ce", "model"} and len(s["chosen"]) == 2
-        # the exact choice equals a brute-force search over all 16 combinations
+        # the exact choice equals a brute-force search over all 9 combinations
         best = None
-        for combo in itertools.product(range(4), range(4)):
+        for combo in itertools.product(range(3), range(3)):
             cost = extra + sum(table[(i, v)]["params"] for i, v in enumerate(combo))
             d = sum(table[(i, v)]["ce_increase"] for i, v in enumerate(combo))
             if cost <= s["budget"] and (best is None or d < best[0]):
@@ -84,7 +87,7 @@ def test_library_trains_each_candidate_once_and_reports(library):
         assert s["indices"] == best[1] and s["params"] == best[2] <= s["budget"]
         assert s["predicted_increase"] == pytest.approx(best[0]) and np.isfinite(s["ce"])
     assert (task.out_dir / "quality_size.png").stat().st_size > 1000
-    assert len(rep["uniform"]) == 4 and "## Selected students" in (task.out_dir / "report.md").read_text()
+    assert len(rep["uniform"]) == 3 and "## Selected students" in (task.out_dir / "report.md").read_text()
     assert all("note" in c or c["verdict"] in ("a better", "b better", "not resolved") for c in rep["comparisons"])
 
 
@@ -120,8 +123,7 @@ def test_adding_a_variant_trains_only_that_variant(library):
     from workflows.library import build_library
 
     _cfg, _task, _ran, out = library
-    variants = ("library.variants=[{n_layers: 2}, {n_layers: 1}, {n_layers: 2, mlp: 0.5}, {n_layers: 2, kv_heads: 1}, "
-                "{n_layers: 1, mlp: 0.5}]")
+    variants = "library.variants=[{n_layers: 1}, {n_layers: 2, mlp: 0.5}, {n_layers: 2, kv_heads: 1}, {n_layers: 1, mlp: 0.5}]"
     task2 = build_library(load_config("", variants, "library_tiny"), out)
     ran = _run(task2)
     trained = [t for f, t in ran if f == "TrainBlock"]
@@ -194,3 +196,32 @@ def test_kv_heads_start_from_the_mean_of_each_group():
     torch.testing.assert_close(out["self_attn.k_proj.weight"], (k[:8] + k[8:]) / 2)
     torch.testing.assert_close(out["self_attn.v_proj.weight"], -(k[:8] + k[8:]) / 2)
     assert out["mlp.x"] is k
+
+
+def test_an_experiment_with_fewer_kv_heads_assembles_a_plain_folder(tmp_path):
+    """train.kv_heads in an experiment: one KV count for every block, carried by the family's own
+    config; blocks of different counts are refused before anything runs."""
+    from transformers import AutoModelForCausalLM
+
+    from workflows import load_config
+    from zgcore.models.adapters import assemble, build_block, head_logits
+    from zgcore.models.teacher import build_tiny
+
+    teacher = AutoModelForCausalLM.from_pretrained(build_tiny("llama", tmp_path / "teacher"), dtype=torch.float32).eval()
+    blocks = [build_block(teacher, [0, 1], "teacher", 0, kv_heads=1), build_block(teacher, [3], "teacher", 0, kv_heads=1)]
+    student = assemble(teacher, blocks)
+    assert type(student).__name__ == "LlamaForCausalLM" and student.config.num_key_value_heads == 1
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        h = teacher.get_input_embeddings()(ids)
+        for b in blocks:
+            h = b(h)
+        torch.testing.assert_close(student(input_ids=ids).logits, head_logits(teacher, h), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="different kv_heads"):
+        assemble(teacher, [blocks[0], build_block(teacher, [3], "teacher", 0)])
+    with pytest.raises(ConfigError, match="kv_heads differ"):
+        load_config("", "teacher=tiny-llama boundary.num_blocks=2 blocks.0.kv_heads=1", "tiny")
+    with pytest.raises(ConfigError, match="kv_heads=4 must divide"):
+        load_config("", "teacher=tiny-llama train.kv_heads=4", "tiny")
+    with pytest.raises(ConfigError, match="fewer key-value heads are built for"):
+        load_config("", "teacher=tiny-gpt2 train.kv_heads=1", "tiny")

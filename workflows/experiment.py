@@ -122,10 +122,30 @@ def load_config(config: str = "", overrides: str = "", preset: str = "", seeded_
     cfg = zconfig.resolve(config or None, overrides or None, base=load_preset(preset))
     info = describe(cfg["teacher"])
     zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"], info.mlp_width)
+    check_kv_heads(cfg)
     if int(cfg["heal"]["steps"]) and cfg.get("seeds") and not seeded_heal:
         raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0 "
                                   "(DistillStudy heals every seed's student)")
     return cfg
+
+
+def check_kv_heads(cfg: dict[str, Any]) -> None:
+    """Check the blocks' ``kv_heads`` against the teacher (its config only): each divides the
+    teacher's key-value heads in a family that allows fewer, and every block has the same count (one
+    student config carries it). Raises :class:`zgcore.config.experiment.ConfigError`."""
+    kv = [zconfig.block_train_config(cfg, i)["kv_heads"] for i in range(int(cfg["boundary"]["num_blocks"]))]
+    if all(k is None for k in kv):
+        return
+    from zgcore.models.costs import teacher_config
+    from zgcore.models.heads import check_kv_heads as check
+
+    tc = teacher_config(cfg["teacher"])
+    for i, k in enumerate(kv):
+        if k is not None:
+            check(tc, int(k), f"block {i}")
+    if len(set(kv)) > 1:
+        raise zconfig.ConfigError(f"the blocks' kv_heads differ ({kv}): an experiment's student has one key-value head "
+                                  "count; set one train.kv_heads (SelectStudent builds students whose layers differ)")
 
 
 def walk(task: ZGTask) -> list[ZGTask]:

@@ -213,11 +213,21 @@ def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
     get zero channels appended (:func:`zgcore.models.channels.pad_layer`), which computes exactly the same
     function (HF configs have one ``intermediate_size`` for all layers).
 
+    Blocks with fewer key-value heads (``kv_heads``) must all have the same count, which the config
+    carries; students whose layers differ in KV heads are :func:`zgcore.models.hetero.assemble_exact`'s.
+
     Returns a float32 ``AutoModelForCausalLM`` in eval mode with ``sum(len(block.layers))`` layers.
+
+    Raises:
+        ValueError: blocks of different ``kv_heads``.
     """
     from transformers import AutoModelForCausalLM
 
     ad = adapter_for(teacher)
+    kvs = {b.kv_heads for b in blocks}
+    if len(kvs) > 1:
+        raise ValueError(f"blocks with different kv_heads ({sorted(map(str, kvs))}) cannot share one config; "
+                         "give every block one train.kv_heads (SelectStudent assembles layers of their own shapes)")
     width = max(b.width for b in blocks)
     total = sum(len(b.layers) for b in blocks)
     layer_types = []
@@ -227,6 +237,8 @@ def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
     cfg = ad.sub_config(teacher.config, range(total), headless=False)
     if width != mlp_width(teacher.config):
         setattr(cfg, ad.width_key, width)
+    if blocks[0].kv_heads is not None:
+        cfg.num_key_value_heads = int(blocks[0].kv_heads)
     if layer_types:
         cfg.layer_types = layer_types
     with torch.device("meta"):
