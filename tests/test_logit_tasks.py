@@ -3,6 +3,7 @@ byte-identical to the same top-k loss with the teacher online, never load the te
 damaged or interrupted logit shard is found, quarantined and rebuilt alone."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,7 +11,6 @@ import time
 from pathlib import Path
 
 import h5py
-import luigi
 import pytest
 
 from tests.conftest import tiny_cfg
@@ -18,14 +18,6 @@ from workflows.experiment import block_settings, build_experiment, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAL = {"heal.steps": 3, "heal.lr": 1e-3, "heal.batch_size": 2, "heal.top_k": 8, "heal.checkpoint_every": 2}
-FAILURES: list[tuple[str, str]] = []
-
-
-@luigi.Task.event_handler(luigi.Event.FAILURE)
-def _record_failure(task, exc):
-    FAILURES.append((task.get_task_family(), str(exc)))
-
-
 def heal_task(out, **over):
     cfg = load_config("", tiny_cfg(**{**HEAL, **over}), "")
     return build_experiment(cfg, str(out)).requires()["assemble"]
@@ -113,23 +105,30 @@ def _flip(path: Path, where: str) -> int:
 
 @pytest.mark.parametrize("where", ["header", "data", "checksums"])
 def test_a_flipped_byte_in_a_logit_shard_fails_naming_the_file_and_only_that_shard_is_rebuilt(tmp_path, run_graph, where):
+    from zgcore.data.boundary_store import BoundaryStoreError
+
     # every training sequence is read: two steps of 43
     over = {"heal.targets": "cached", "heal.batch_size": 43, "heal.steps": 2}
     task = heal_task(tmp_path, **over)
-    ok, _ = run_graph(task.requires()["logits"])
+    ok, _ = run_graph(task.requires()["assemble"], task.requires()["logits"])  # every input of the Heal
     assert ok
     shard = next((tmp_path / "TeacherLogits").glob("train-*"))
     f = shard / "b0.h5"
     _flip(f, where)
-    FAILURES.clear()
-    ok, _ = run_graph(task)
-    assert not ok
-    msgs = [m for fam, m in FAILURES if fam == "Heal"]
-    assert msgs and str(f.resolve()) in msgs[0]
-    assert list((tmp_path / "TeacherLogits").glob(f"{shard.name}.damaged-*"))  # quarantined
+    # damaged while the task reads it (after the scheduler found its inputs complete): the task fails
+    # naming the file, and the shard is moved aside
+    with pytest.raises(BoundaryStoreError, match=re.escape(str(f.resolve()))):
+        task.run()
+    assert len(list((tmp_path / "TeacherLogits").glob(f"{shard.name}.damaged-*"))) == 1
     ok, ran = run_graph(task)
     assert ok and [label for fam, label in ran if fam == "TeacherLogits"] == [shard.name.rsplit("-", 1)[0]]
     assert ("Heal", task.label()) in ran
+    # damaged at rest: found before anything reads it, that shard alone is moved aside and rebuilt
+    _flip(f, where)
+    again = heal_task(tmp_path, **{**over, "heal.lr": 2e-3})
+    ok, ran = run_graph(again)
+    assert ok and [label for fam, label in ran if fam == "TeacherLogits"] == [shard.name.rsplit("-", 1)[0]]
+    assert len(list((tmp_path / "TeacherLogits").glob(f"{shard.name}.damaged-*"))) == 2
 
 
 def test_sigkill_during_the_logit_store_build_reruns_only_the_unfinished_shards(tmp_path, run_graph):
