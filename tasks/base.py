@@ -74,11 +74,12 @@ class ZGTask(luigi.Task):
     # every file of the output gets its SHA-256 in task.json, checked by complete() and by consumers
     # (checked()); off where the files carry their own checks (the boundary store's shards)
     content_hashes = True
-    # Luigi's per-task retry policy: the scheduler disables a task at its first failure instead of
-    # retrying it 15 minutes later, whatever luigid's own config says. Workers waiting on it
-    # (luigi.cfg: keep_alive) then stop and exit non-zero instead of waiting forever; luigi.cfg's
-    # [scheduler] disable_persist enables it again seconds later, so that a rerun retries it.
-    retry_count = 1
+    # Luigi's per-task retry policy. A task whose worker is lost (killed, preempted, node gone) is
+    # failed by the scheduler and handed to another live worker retry_delay seconds later (luigi.cfg),
+    # which resumes it from its checkpoints; after 3 such losses within Luigi's disable_window (an
+    # hour) it is disabled. A task that raises is disabled at once by the worker that ran it
+    # (workflows/failover.py), so a real error is never retried in a loop.
+    retry_count = 3
 
     @property
     def resources(self) -> dict[str, int]:

@@ -45,9 +45,50 @@ def test_seed_summary_claims_no_gpu(tmp_path):
     assert len(evals) == 2 and all(t.resources == {"gpu": 1} for t in evals)
 
 
-def test_a_failed_task_is_not_retried(tmp_path):
-    # sent to the scheduler with every task: disabled at the first failure, whatever luigid's config
-    assert all(t.retry_count == 1 for t in graph(tmp_path))
+def test_a_task_that_raises_is_disabled_at_once_and_a_lost_workers_task_goes_to_another(tmp_path):
+    """Luigi's scheduler, as luigid runs it: a ZeroGraph task that raises is disabled after its first
+    failure (its worker reports it DISABLED: workflows/failover.py), and a rerun's worker enables it
+    again; a task whose worker stops answering is failed by the scheduler, PENDING again after
+    retry_delay and given to another worker (ZGTask.retry_count = 3 losses)."""
+    import time
+
+    import luigi.scheduler as ls
+    import luigi.worker
+
+    import workflows  # noqa: F401 (installs the failover report)
+    from tasks.base import ZGTask
+
+    assert all(t.retry_count == 3 for t in graph(tmp_path))  # sent to the scheduler with every task
+
+    class RaisesOnce(ZGTask):
+        def own_config(self):
+            return {}
+
+        def run(self):
+            raise ValueError("a real error")
+
+    sch = ls.Scheduler(retry_delay=0.0, worker_disconnect_delay=5.0)
+    task = RaisesOnce(outputs=str(tmp_path))
+    with luigi.worker.Worker(scheduler=sch, worker_processes=1, keep_alive=True, wait_interval=0.01) as w:
+        w.add(task)
+        assert not w.run()  # returns at once: nothing left to wait for, no retry
+    st = sch._state.get_task(task.task_id)
+    assert st.status == ls.DISABLED and st.scheduler_disable_time is None  # the worker's disable, not a timed one
+    sch.prune()
+    assert sch._state.get_task(task.task_id).status == ls.DISABLED  # retry_delay 0 s: still not retried
+    sch.add_task(worker="rerun", task_id=task.task_id, status=ls.PENDING, runnable=True)
+    assert sch._state.get_task(task.task_id).status == ls.PENDING  # a rerun enables it again
+
+    policy = {"retry_count": ZGTask.retry_count}
+    for wid in ("lost", "survivor"):
+        sch.add_task(worker=wid, task_id="TrainBlock_x", status=ls.PENDING, runnable=True, retry_policy_dict=policy)
+    assert sch.get_work(worker="lost")["task_id"] == "TrainBlock_x"
+    sch._state.get_worker("lost").last_active = time.time() - 60  # no ping for 60 s: its job was killed
+    sch.prune()  # what luigid does on every request (prune_on_get_work, luigi.cfg)
+    st = sch._state.get_task("TrainBlock_x")
+    assert st.status in (ls.FAILED, ls.PENDING) and st.num_failures() == 1  # failed once, not disabled
+    assert sch.get_work(worker="survivor")["task_id"] == "TrainBlock_x"  # retry_delay (0 s here) later
+    assert st.worker_running == "survivor"
 
 
 def test_progress_reports_are_throttled(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import luigi
 import luigi.configuration
 
-from . import ending
+from . import ending, failover
 from .errors import install as install_error_filter
 from .experiment import CONFIG_ERROR_EXIT, ConfiguredWorkflow, build_experiment, build_study, load_config
 from .local import LocalLearningStudy
@@ -32,6 +32,7 @@ def set_default_retcodes(config=None) -> None:
 set_default_retcodes()
 install_error_filter()  # user errors raised inside a task: one `error:` line, no traceback (workflows/errors.py)
 ending.install()  # the `luigi` command's exit code, last line and Ctrl-C (workflows/ending.py)
+failover.install()  # a task that raised is disabled at once; a lost worker's task is retried (workflows/failover.py)
 
 
 class RunExperiment(ConfiguredWorkflow):
