@@ -225,3 +225,18 @@ def test_an_experiment_with_fewer_kv_heads_assembles_a_plain_folder(tmp_path):
         load_config("", "teacher=tiny-llama train.kv_heads=4", "tiny")
     with pytest.raises(ConfigError, match="fewer key-value heads are built for"):
         load_config("", "teacher=tiny-gpt2 train.kv_heads=1", "tiny")
+
+
+def test_per_partition_variants_replace_the_common_list():
+    from workflows import load_config
+    from workflows.library import library_plan
+
+    p = library_plan(load_config("", "library.blocks.1.variants=[{n_layers: 2}, {n_layers: 1, keep: importance}, "
+                                     "{n_layers: 2}]", "library_tiny"))  # a repeated table is one candidate
+    assert [[c["name"] for c in part] for part in p["candidates"]] == [
+        ["1L spread mlp100%", "2L spread mlp50%", "2L spread mlp100% kv1"], ["2L spread mlp100%", "1L importance mlp100%"]]
+    assert p["candidates"][1][1]["train"]["keep"] == "importance" and p["uniform"] == []  # no variant at both partitions
+    with pytest.raises(ConfigError, match=r"library.blocks.1.variants\[0\].n_layers=3 exceeds|n_layers=3 exceeds"):
+        library_plan(load_config("", "library.blocks.1.variants=[{n_layers: 3}]", "library_tiny"))
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config("", "library.variants=[{layers: 3}]", "library_tiny")
