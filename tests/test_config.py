@@ -32,7 +32,9 @@ def test_file_and_overrides_merge(tmp_path):
     ("teacher=tiny-llama corpus.seq_len=32 boundary.boundaries=[1,2,4]", "must start at 0"),
     ("teacher=tiny-llama corpus.seq_len=32 corpus.seq_len=4096", "exceeds the context"),
     ("teacher=tiny-llama corpus.seq_len=32 train.objective=bogus", "unknown objective 'bogus'"),
-    ("teacher=tiny-llama corpus.seq_len=32 train.nosuchkey=1", "unknown key(s) in train: nosuchkey"),
+    ("teacher=tiny-llama corpus.seq_len=32 train.nosuchkey=1", "unknown key train.nosuchkey; known in train: "),
+    ("teacher=tiny-llama corpus.seq_len=32 train.learning_rate=1e-4", "unknown key train.learning_rate: did you mean train.lr?"),
+    ("teacher=tiny-llama corpus.seq_len=32 boundary.num_block=2", "unknown key boundary.num_block: did you mean boundary.num_blocks?"),
     ("teacher=tiny-llama corpus.seq_len=32 boundary.num_blocks=2 train.n_layers=3", "exceeds the partition's 2 teacher layers"),
     ("teacher=tiny-llama corpus.seq_len=32 boundary.num_blocks=2 blocks.5.lr=1", "only 2 blocks"),
     ("teacher=tiny-llama corpus.seq_len=32 train.lr=-1", "lr must be positive"),
@@ -69,3 +71,16 @@ def test_boundaries_and_kept_layers():
     assert kept_layers(10, 20, t) == [10, 11, 13, 14, 15, 16, 18, 19]
     assert kept_layers(0, 10, {**t, "keep": "first"}) == list(range(8))
     assert kept_layers(0, 4, {**t, "n_layers": 1}) == [0]
+
+
+def test_a_broken_yaml_or_toml_value_is_one_line_naming_the_file_and_place(tmp_path):
+    from zgcore.config.experiment import load_file
+
+    y, t = tmp_path / "exp.yaml", tmp_path / "exp.toml"
+    y.write_text("teacher: tiny-llama\ntrain:\n  lr: [1e-4\n  seed: 1\n")
+    t.write_text('teacher = "tiny-llama"\n[train]\nlr = 1e-4x\nseed = 1\n')
+    for f, where in ((y, "line "), (t, "line 3")):
+        with pytest.raises(ConfigError) as e:
+            load_file(f)
+        msg = str(e.value)
+        assert len(msg.splitlines()) == 1 and str(f) in msg and "does not parse" in msg and where in msg, msg

@@ -151,6 +151,47 @@ def stores(tmp_path_factory):
     return out
 
 
+def test_closing_a_prefetch_returns_within_a_bounded_time_while_a_worker_is_in_a_long_read():
+    """A worker thread stuck in a 60 s read does not hold up the consumer that stops (Ctrl-C, an
+    error): closing returns within CLOSE_WAIT_S (2 s), not when the read ends."""
+    import threading
+
+    from zgcore.data.feed import CLOSE_WAIT_S
+
+    release = threading.Event()
+
+    def slow(worker, workers):
+        yield 0
+        release.wait(60)  # a long read on a slow file system
+        yield 1
+
+    it = prefetch(slow, 2, workers=1, mode="thread")
+    assert next(it) == 0
+    time.sleep(0.2)  # the worker is now inside the long read
+    t0 = time.monotonic()
+    it.close()
+    took = time.monotonic() - t0
+    release.set()
+    assert took < CLOSE_WAIT_S + 1.0, took
+
+
+def test_a_worker_that_ends_without_an_item_is_one_line_saying_what_to_do(monkeypatch):
+    import threading
+
+    from zgcore.data.feed import PrefetchError
+
+    real = threading.Thread.start
+
+    def start_nothing(self):  # a worker thread that ends without running its target
+        if self.name.startswith("zerograph-prefetch-"):
+            self._target = lambda *a: None
+        return real(self)
+    monkeypatch.setattr(threading.Thread, "start", start_nothing)
+    with pytest.raises(PrefetchError) as e:
+        list(prefetch(lambda w, n: iter([1, 2]), 2, workers=1, mode="thread"))
+    assert len(str(e.value).splitlines()) == 1 and "train.prefetch=0" in str(e.value)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_reads_in_any_order_give_the_stored_bytes_in_the_storage_dtype(stores, dtype):
     path = stores[dtype]

@@ -31,7 +31,7 @@ def run_all(cmds, cwd, env=ENV):
 
 def test_configuration_errors_exit_2_with_one_line_and_no_traceback(tmp_path):
     out = str(tmp_path / "o")
-    cases = [("train.lrr=1", "unknown key(s) in train: lrr"),
+    cases = [("train.lrr=1", "unknown key train.lrr: did you mean train.lr?"),
              ("train.lr=abc", "lr must be a number, got 'abc'"),
              ("boundary.boundaries=[0,3,2,4]", "boundary.boundaries must be strictly increasing"),
              ("boundary.boundaries=[0,2,9]", "boundary.boundaries must end at the teacher's layer count 4")]

@@ -138,7 +138,7 @@ def test_mtp_targets_are_the_right_shifted_tokens():
     ({"study.K": [2, 4]}, "must include 1"),
     ({"model.hidden_size": 30}, "divisible by model.n_heads"),
     ({"train.execution": "pipelined"}, "train.execution"),
-    ({"model.bogus": 1}, "unknown key(s) in model: bogus"),
+    ({"model.bogus": 1}, "unknown key model.bogus;"),
 ])
 def test_bad_configs_fail_at_once(over, msg):
     base = {"model": dict(TINY_MODEL), "study": {"K": [1, 2, 4]}}

@@ -49,7 +49,7 @@ def test_top_n_vocabulary_on_a_hand_made_example():
     ({"study": {"lrs": [1e-3], "tune_sequences": 0}}, "study.tune_sequences"),
     ({"study": {"lrs": [1e-3], "lr_rounds": 0}}, "study.lr_rounds"),
     ({"study": {"configs": [{"K": 2}]}}, "must include a configuration with K=1"),
-    ({"study": {"configs": [{"K": 1}, {"K": 2, "head": "mlp"}]}}, r"unknown key\(s\) in study.configs\[1\]: head"),
+    ({"study": {"configs": [{"K": 1}, {"K": 2, "head": "mlp"}]}}, r"unknown key study.configs\[1\]\.head;"),
     ({"study": {"configs": [{"K": 1}, {"K": 8}]}}, "local.K=8 exceeds"),
     ({"study": {"configs": [{"K": 1}, {"K": 2}, {"K": 2, "aux": "mlp"}]}}, "twice"),
 ])

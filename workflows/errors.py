@@ -16,10 +16,11 @@ import sys
 from zgcore.data.boundary_store import BoundaryStoreError
 from zgcore.checks import ConfigError
 from zgcore.data.corpus import TokenStoreError
+from zgcore.data.feed import PrefetchError
 from tasks.base import DamagedOutputError
 
 from .experiment import TRACEBACK_ENV
-USER_ERRORS = (ConfigError, BoundaryStoreError, TokenStoreError, DamagedOutputError)
+USER_ERRORS = (ConfigError, BoundaryStoreError, TokenStoreError, DamagedOutputError, PrefetchError)
 
 
 class OneLineUserErrors(logging.Filter):

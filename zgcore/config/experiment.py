@@ -51,8 +51,13 @@ def load_file(path: str | os.PathLike) -> dict[str, Any]:
             data = _yaml(text) or {}
         else:
             raise ConfigError(f"experiment file {p}: use .toml, .yaml or .yml")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"experiment file {p} does not parse: {e}") from e
+    except yaml.YAMLError as e:  # PyYAML's message spans lines (the context and a caret): one line, like TOML's
+        mark = getattr(e, "problem_mark", None)
+        why = str(getattr(e, "problem", None) or e).splitlines()[0]
+        where = f" (at line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"experiment file {p} does not parse: {why}{where}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"experiment file {p} must hold a mapping at the top level")
     return data
@@ -74,10 +79,35 @@ def _normalise_blocks(cfg: dict[str, Any]) -> None:
     cfg["blocks"] = norm
 
 
+# names other tools give settings that exist here under another name (what difflib cannot guess)
+KEY_ALIASES = {"learning_rate": "lr", "learning_rates": "lrs", "lr_warmup": "warmup_steps", "warmup": "warmup_steps",
+               "steps": "max_steps", "num_steps": "max_steps", "wd": "weight_decay", "clip": "grad_clip",
+               "max_grad_norm": "grad_clip", "bs": "batch_size", "layers": "n_layers", "num_layers": "n_layers"}
+
+
+def nearest_key(key: str, allowed) -> str | None:
+    """The known key a misspelled ``key`` most likely means: a common alias (:data:`KEY_ALIASES`:
+    ``learning_rate`` -> ``lr``) or the closest spelling (:func:`difflib.get_close_matches`); None."""
+    import difflib
+
+    allowed = list(allowed)
+    if KEY_ALIASES.get(key) in allowed:
+        return KEY_ALIASES[key]
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def _check_keys(section: str, got: Mapping[str, Any], allowed: Mapping[str, Any]) -> None:
+    """Raise ``ConfigError`` naming the first unknown key of ``got`` (``section.key``), the known key
+    it most likely means (:func:`nearest_key`), and the known keys."""
     unknown = sorted(set(got) - set(allowed))
     if unknown:
-        raise ConfigError(f"unknown key(s) in {section}: {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
+        where = "" if section == "experiment" or " " in section else f"{section}."  # top level: no prefix
+        guess = nearest_key(unknown[0], allowed)
+        hint = f": did you mean {where}{guess}?" if guess else ""
+        more = f" (and {', '.join(where + k for k in unknown[1:])})" if unknown[1:] else ""
+        raise ConfigError(f"unknown key {where}{unknown[0]}{hint}{more}; known in {section}: "
+                          f"{', '.join(sorted(allowed))}")
 
 
 def resolve(file: str | os.PathLike | None = None, overrides: str | Mapping | None = None,

@@ -25,6 +25,7 @@ that needed it.
 from __future__ import annotations
 
 import multiprocessing
+import time
 from functools import partial
 from typing import Callable, Iterator, TypeVar
 
@@ -122,6 +123,15 @@ def prefetch(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_mem
 
 
 _END = object()
+# Closing the threaded prefetch waits at most this long for its workers: a worker in the middle of a
+# long read is a daemon thread, left to finish that read on its own (its items are dropped).
+CLOSE_WAIT_S = 2.0
+
+
+class PrefetchError(RuntimeError):
+    """A prefetch worker ended without handing over an item, an end or an error (it cannot happen
+    through Python code; the interpreter or a C extension stopped the thread). One line: rerun (a
+    training task resumes from its last checkpoint), or read synchronously with ``train.prefetch=0``."""
 
 
 def _pinned(item):
@@ -137,7 +147,11 @@ def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_me
     """:func:`prefetch` with worker threads: worker ``w`` takes a slot (one of ``ahead``) before it
     produces an item and the consumer gives it back when it takes the item, so at most ``ahead``
     items per worker are being produced or waiting; the consumer takes item ``k`` from worker
-    ``k % workers``. Closing the generator stops the workers (each at its next slot) and waits for them."""
+    ``k % workers``. Closing the generator stops the workers (each at its next slot) and waits for
+    them at most ``CLOSE_WAIT_S`` seconds in all.
+
+    Raises:
+        PrefetchError: a worker thread ended without handing anything over."""
     import queue
     import threading
 
@@ -180,7 +194,9 @@ def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_me
                     break
                 except queue.Empty:
                     if not threads[w].is_alive() and queues[w].empty():
-                        raise RuntimeError(f"prefetch worker {w} ended without an item, an end or an error") from None
+                        raise PrefetchError(f"prefetch worker {w} ended without an item, an end or an error; rerun "
+                                            "(training resumes from its last checkpoint) or set train.prefetch=0 "
+                                            "to read synchronously") from None
             if item is _END:
                 return
             slots[w].release()
@@ -190,8 +206,9 @@ def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_me
             k += 1
     finally:
         stop.set()
-        for th in threads:
-            th.join()
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for th in threads:  # bounded: a worker inside a long read is left to finish it (a daemon thread)
+            th.join(max(0.0, deadline - time.monotonic()))
 
 
 def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: int, start: int,
