@@ -187,7 +187,7 @@ def run_script(main, flag: str, child) -> None:
 
 
 def as_format_3(folder: Path) -> Path:
-    """Rewrite a format-4 store in place as format 3 wrote it (``h`` chunked one sequence a chunk
+    """Rewrite a format-5 (or 4) store in place as format 3 wrote it (``h`` chunked one sequence a chunk
     with Fletcher32, no ``xxh3``; the manifest's and shards' sizes, SHA-256 and format version
     updated), so that the reader's format-3 path can be tested and measured; returns ``folder``."""
     import json
@@ -210,5 +210,7 @@ def as_format_3(folder: Path) -> Path:
             entries = [m] if rec.name == "shard.json" else [sh for sh in m["shards"] if Path(sh["dir"]).name == f.parent.name]
             for sh in entries:
                 sh["files"][f.stem].update(bytes=f.stat().st_size, sha256=file_sha256(f))
+                for k in ("data", "outside_sha256"):  # format 5's open-time record: format 3 hashes the whole file
+                    sh["files"][f.stem].pop(k, None)
             rec.write_text(json.dumps(m))
     return folder

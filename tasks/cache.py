@@ -71,11 +71,12 @@ class BoundaryShard(_ShardTask):
     """Run the frozen teacher (its layers up to the last boundary, never the LM head, in
     ``teacher_dtype``) over one contiguous range of sequences of one split and store every
     boundary of that range: one checksummed HDF5 file per boundary (an xxh3_64 per sequence), and
-    ``shard.json``."""
+    ``shard.json`` (each file's SHA-256, and that of its bytes outside the sequence data)."""
 
     # 2: load_base runs each family with its own attention implementation (Gemma 2: eager, soft-capped)
     # 3: format 4 files (h contiguous and unfiltered, an xxh3_64 per sequence)
-    code_version = 3
+    # 4: format 5 records (each file's data range and the SHA-256 of its other bytes, checked at open)
+    code_version = 4
     # its files carry their own SHA-256 (shard.json, the join's manifest), checked by the reader when
     # it first opens each file: hashing them again in every complete() would read the whole cache
     content_hashes = False

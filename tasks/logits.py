@@ -42,7 +42,8 @@ class TeacherLogits(_LogitTask, _ShardTask):
     checksummed HDF5 file (an xxh3_64 per sequence) and ``shard.json``. The same ranges as
     :class:`~tasks.cache.BoundaryShard` (``boundary.shard_sequences``)."""
 
-    code_version = 1
+    # 2: store format 5 records (each file's data range and the SHA-256 of its other bytes, checked at open)
+    code_version = 2
 
     def own_config(self):
         # neither boundary.batch_size (the teacher runs one sequence at a time) nor teacher_dtype (always float32)

@@ -131,7 +131,7 @@ def test_a_format_3_store_is_still_read_bitwise_and_an_unknown_format_is_refused
     as_format_3(old)
     idx = [9, 3, 4, 5, 0, 8]
     with BoundaryReader(path) as new, BoundaryReader(old) as r:
-        assert r.version == 3 and new.version == 4
+        assert r.version == 3 and new.version == 5
         for b in (0, 2, 4):
             assert torch.equal(r.read("train", b, idx), new.read("train", b, idx))
     f = old / "shards" / "train-00000004" / "b2.h5"
@@ -198,10 +198,13 @@ def test_a_teacher_that_produces_non_finite_boundaries_fails_the_build_and_onlin
 
 
 def test_every_flipped_byte_of_a_shard_file_reads_the_same_values_or_fails_naming_the_file(store, tmp_path):
-    """Every byte of a shard file, HDF5 metadata included, is covered by a check that runs before
-    its values are used: a flip anywhere in the file's first 16 KB (all of it here), and at 500
-    seeded offsets, either reads identical values or raises BoundaryStoreError naming the file,
-    and the shard is moved aside (so the next run rebuilds it). None returns different values."""
+    """Every byte of a shard file is covered by a check that runs before its values are used,
+    without hashing the whole file at open: a flip anywhere outside ``h``'s sequence data (HDF5
+    metadata, the xxh3 column, statistics rows, free space) fails when the file is opened, on the
+    SHA-256 of those bytes; a flip in the sequence data fails when that sequence is read, on its
+    xxh3_64. Every byte of the file's first 16 KB (all of it here) and 500 seeded offsets are
+    flipped; each raises BoundaryStoreError naming the file (and the shard is moved aside, so the
+    next run rebuilds it) or reads identical values. None returns different values."""
     import shutil
     import time
 
@@ -214,8 +217,11 @@ def test_every_flipped_byte_of_a_shard_file_reads_the_same_values_or_fails_namin
     with BoundaryReader(copy) as r:
         ref = r.read("train", 2, rows)
     raw = f.read_bytes()
+    lo, n = json.loads((shard / "shard.json").read_text())["files"]["b2"]["data"]
+    with h5py.File(f, "r") as h:  # the recorded range is h's data, and the xxh3 column lies outside it
+        assert (lo, n) == (h["h"].id.get_offset(), h["h"].nbytes) and not lo <= h["xxh3"].id.get_offset() < lo + n
     offsets = set(range(min(len(raw), 16384))) | set(np.random.default_rng(0).integers(0, len(raw), 500).tolist())
-    outcomes = {"same": 0, "error": 0}
+    outcomes = {"same": 0, "at open": 0, "at read": 0}
     t0 = time.perf_counter()
     for off in sorted(offsets):
         bad = bytearray(raw)
@@ -226,16 +232,42 @@ def test_every_flipped_byte_of_a_shard_file_reads_the_same_values_or_fails_namin
                 got = r.read("train", 2, rows)
         except BoundaryStoreError as e:
             assert str(f.resolve()) in str(e), (off, str(e))
+            if lo <= off < lo + n:  # sequence data: its own xxh3 when read
+                assert f"sequence {4 + (off - lo) // (n // 4)}'s bytes differ" in str(e), (off, str(e))
+                outcomes["at read"] += 1
+            else:
+                assert "bytes outside the sequence data differs" in str(e), (off, str(e))
+                outcomes["at open"] += 1
             (moved,) = list((copy / "shards").glob("train-00000004.damaged-*"))  # quarantined
             assert not shard.exists()
             moved.rename(shard)
-            outcomes["error"] += 1
         else:
             assert torch.equal(got, ref), f"a flip at byte {off} changed the values read"
             outcomes["same"] += 1
     f.write_bytes(raw)
-    assert len(offsets) > 500 and outcomes == {"same": 0, "error": len(offsets)}  # the SHA-256 catches every flip
+    inside = sum(lo <= o < lo + n for o in offsets)
+    assert len(offsets) > 500 and 0 < inside < len(offsets)
+    assert outcomes == {"same": 0, "at open": len(offsets) - inside, "at read": inside}  # every flip is caught
     print(f"{len(offsets)} flips of a {len(raw)}-byte shard file: {outcomes} in {time.perf_counter() - t0:.1f} s")
+
+
+def test_opening_a_format_5_file_reads_only_the_bytes_outside_its_sequence_data(store, tmp_path):
+    """The open-time check never reads the sequence data: zeroing the data range after the file
+    is opened in a hash-free way changes nothing the open check sees (the reads then fail on
+    their xxh3), and the outside SHA-256 of a file equals that of the same file with other data."""
+    from zgcore.data.boundary_store.integrity import file_record, outside_sha256
+
+    path, _, _ = store
+    f = path / "shards" / "train-00000004" / "b2.h5"
+    rec = file_record(f)
+    assert rec == json.loads((f.parent / "shard.json").read_text())["files"]["b2"]
+    lo, n = rec["data"]
+    raw = bytearray(f.read_bytes())
+    raw[lo: lo + n] = bytes(n)
+    other = tmp_path / "b2.h5"
+    other.write_bytes(bytes(raw))
+    assert outside_sha256(other, rec["data"]) == rec["outside_sha256"]
+    assert file_record(other)["sha256"] != rec["sha256"]
 
 
 def test_a_flipped_byte_in_a_statistics_file_fails_naming_it_and_moves_it_aside(store, tmp_path):
@@ -256,7 +288,7 @@ def test_a_flipped_byte_in_a_statistics_file_fails_naming_it_and_moves_it_aside(
     assert torch.equal(BoundaryReader(path).stats(2), ref)
 
 
-@pytest.mark.parametrize("fmt", [4, 3])
+@pytest.mark.parametrize("fmt", [5, 3])
 @pytest.mark.parametrize("dtype,bits", [("float32", 0xFFC00000), ("bfloat16", 0xFFC0), ("bfloat16", 0x7F80),
                                         ("float16", 0xFC00), ("float16", 0x7E00)])
 def test_a_non_finite_stored_value_with_valid_checksums_fails_the_read_naming_the_file(store, tmp_path, fmt, dtype, bits):
@@ -265,6 +297,7 @@ def test_a_non_finite_stored_value_with_valid_checksums_fails_the_read_naming_th
     fails the read naming the file; the finite value beside it and other shards read as before."""
     from zgcore.data.boundary_store import TORCH_DTYPES
     from zgcore.data.boundary_store.common import sequence_checksums
+    from zgcore.data.boundary_store.integrity import file_record
     from zgcore.hashing import file_sha256
 
     _, model, tokens = store
@@ -279,12 +312,12 @@ def test_a_non_finite_stored_value_with_valid_checksums_fails_the_read_naming_th
         row = h["h"][1]
         row.view(np.uint32 if dtype == "float32" else np.uint16)[3, 7] = bits
         h["h"][1] = row
-        if fmt == 4:
+        if fmt == 5:
             h["xxh3"][1] = sequence_checksums(row[None])[0]
     for rec in (path / "manifest.json", f.parent / "shard.json"):
         m = json.loads(rec.read_text())
         for sh in [m] if rec.name == "shard.json" else [s for s in m["shards"] if Path(s["dir"]).name == f.parent.name]:
-            sh["files"]["b2"].update(bytes=f.stat().st_size, sha256=file_sha256(f))
+            sh["files"]["b2"].update(file_record(f) if fmt == 5 else {"bytes": f.stat().st_size, "sha256": file_sha256(f)})
         rec.write_text(json.dumps(m))
     with BoundaryReader(path) as r:
         got = r.read("train", 2, [0, 4, 6])  # rows 4 and 6 of the damaged shard are finite

@@ -179,12 +179,13 @@ def test_a_nan_in_a_checksummed_boundary_fails_the_block_that_reads_it(built, ru
         row[7, 5] = np.nan
         h["h"][3] = row
         h["xxh3"][3] = sequence_checksums(row[None])[0]
-    # as if the teacher had written it so: the recorded SHA-256 matches the file, only finiteness can tell
-    from zgcore.hashing import file_sha256
+    # as if the teacher had written it so: the recorded SHA-256s match the file, only finiteness can tell
+    from zgcore.data.boundary_store.integrity import file_record
 
-    old = json.loads(f.parent.joinpath("shard.json").read_text())["files"]["b4"]["sha256"]
+    old, new = json.loads(f.parent.joinpath("shard.json").read_text())["files"]["b4"], file_record(f)
     for rec in (*four.glob("TeacherBoundary/*/manifest.json"), f.parent / "shard.json"):
-        rec.write_text(rec.read_text().replace(old, file_sha256(f)))
+        rec.write_text(rec.read_text().replace(old["sha256"], new["sha256"])
+                       .replace(old["outside_sha256"], new["outside_sha256"]))
     FAILURES.clear()
     cfg = FOUR + " blocks.1.lr=0.004 blocks.1.max_steps=22"  # 22 batches of 4: every training sequence is read
     ok, ran = run_graph(RunExperiment(preset="", set=cfg, outputs=str(four)))

@@ -87,6 +87,25 @@ def report(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
     typer.echo(path.read_text())
 
 
+@app.command()
+def verify(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt):
+    """Check every byte of an experiment's stored artefacts that a run checks only in part when it
+    reads them (every shard of the boundary store, against the SHA-256 recorded when it was
+    written; the statistics files), with a progress bar. Each damaged shard or file is named and
+    moved aside (<folder>.damaged-<time>) so that the next run rebuilds it; exits 1 if any was
+    damaged, 0 when all are whole, 2 on a configuration error."""
+    from .verify import verify as run_checks
+
+    items, problems = run_checks(walk(_graph(config, set, preset, outputs)))
+    for path, why in problems:
+        typer.echo(f"damaged: {path}: {why}", err=True)
+    if problems:
+        typer.echo(f"{len(problems)} damaged of {len(items)} checked; rebuild with: {run_command(config, set, preset, outputs)}",
+                   err=True)
+        raise typer.Exit(1)
+    typer.echo(f"verified {len(items)} item(s), {sum(i.nbytes for i in items) / 1e9:.3f} GB: all whole")
+
+
 from .slurm import app as slurm_app  # noqa: E402
 
 app.add_typer(slurm_app, name="slurm")

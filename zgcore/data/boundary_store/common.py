@@ -13,9 +13,14 @@ from zgcore.device import DTYPE_NAMES, torch_dtype
 # 3: sharded store (one HDF5 file per shard per boundary, Fletcher32 checksums, a join manifest)
 # 4: ``h`` stored contiguous and unfiltered, an xxh3_64 checksum per sequence in dataset ``xxh3``
 #    (HDF5's Fletcher32 filter held reads at 0.24-0.59x a raw read of the same bytes)
-FORMAT_VERSION = 4
-# versions BoundaryReader still reads (3: through HDF5's Fletcher32 filter)
-READABLE_VERSIONS = (3, 4)
+# 5: the files of format 4, and each file's record also holds ``data`` ([offset, bytes] of h's sequence
+#    data) and ``outside_sha256`` (every other byte), checked at open instead of hashing the whole file
+#    (start-up no longer grows with the store; the whole-file check is ``zerograph verify``)
+FORMAT_VERSION = 5
+# versions BoundaryReader still reads (3: through HDF5's Fletcher32 filter; 4: whole-file SHA-256 at open)
+READABLE_VERSIONS = (3, 4, 5)
+SHARD_FILE = "shard.json"  # a shard's record
+MANIFEST = "manifest.json"  # the join's record
 # Per-channel statistics come from the first STATS_SEQUENCES training sequences, so that online
 # targets (which never see the whole cache) compute exactly the same numbers.
 STATS_SEQUENCES = 64

@@ -2,9 +2,11 @@
 manifest, opening a shard's file of boundary ``b`` only when ``b`` is read (a block's worker
 touches the files of its two boundaries, nothing else), checking shapes, checksums and finiteness.
 
-Two formats are read: 4 (the one written now: ``h`` contiguous and unfiltered, each sequence
-checked against the xxh3_64 the shard recorded in ``xxh3``) and 3 (stores built before it: HDF5's
-Fletcher32 filter checks every chunk; about half as fast, see ``bench/README.md``)."""
+Three formats are read: 5 (the one written now: ``h`` contiguous and unfiltered, each sequence
+checked against the xxh3_64 the shard recorded in ``xxh3`` when read, every other byte against a
+SHA-256 when the file is opened), 4 (the same files; the whole file hashed when opened: start-up
+grows with the file) and 3 (HDF5's Fletcher32 filter checks every chunk; about half as fast, see
+``bench/README.md``)."""
 from __future__ import annotations
 
 import json
@@ -18,7 +20,8 @@ import torch
 import xxhash
 
 from zgcore.hashing import file_sha256
-from .common import (FORMAT_VERSION, H5_DTYPES, READABLE_VERSIONS, TORCH_DTYPES, BoundaryStoreError, check_finite,
+from .integrity import outside_sha256
+from .common import (FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, TORCH_DTYPES, BoundaryStoreError, check_finite,
                      quarantine, quarantine_file, system_error, unavailable)
 
 # Rows read and checked at a time: about 1 MiB of stored bytes, so that a piece is still in the
@@ -27,7 +30,6 @@ PIECE_BYTES = 1 << 20
 # A 16-bit value shifted left by one (sign dropped) is at least this when its exponent bits are all
 # ones (inf or NaN): bfloat16 0x7f80 << 1, float16 0x7c00 << 1.
 NONFINITE_SHIFTED = {"bfloat16": 0xFF00, "float16": 0xF800}
-from .shards import MANIFEST
 
 
 class BoundaryReader:
@@ -42,13 +44,15 @@ class BoundaryReader:
             to the GPU — one copy from the page cache, and no page faults on reused blocks.
 
     Raises:
-        BoundaryStoreError: missing manifest, a format version this code cannot read (neither 3
-            nor 4: the message says to rebuild the cache), a manifest mismatch; or, when a
-            shard file is first opened: missing, of the wrong size, its bytes not those of the
-            manifest's SHA-256 (every byte is hashed before any value is used: about one extra
-            read of the file, at ~1.7 GB/s), not readable as HDF5 or a dataset of the wrong shape;
-            or when read: a sequence whose bytes fail the xxh3_64 checksum recorded for it (format
-            4; a failed Fletcher32 checksum for format 3) or a non-finite value. Each of these moves
+        BoundaryStoreError: missing manifest, a format version this code cannot read (not 3, 4
+            or 5: the message says to rebuild the cache), a manifest mismatch; or, when a shard
+            file is first opened: missing, of the wrong size, the bytes a read does not check not
+            those of the manifest's SHA-256 (format 5: every byte outside the sequence data, a
+            few KiB to MiB whatever the file's size; formats 3 and 4: the whole file, about one
+            extra read of it at ~1.7 GB/s), not readable as HDF5, a dataset of the wrong shape or
+            (format 5) not on its recorded byte range; or when read: a sequence whose bytes fail
+            the xxh3_64 checksum recorded for it (formats 4 and 5; a failed Fletcher32 checksum for
+            format 3) or a non-finite value. Each of these moves
             the shard aside (``<shard>.damaged-<time>``) so that the next run rebuilds that shard
             only; the message names the file. An error of the file system rather than of the file
             (an ``OSError`` carrying an errno: EMFILE, EIO, ESTALE, ENOSPC, EACCES, ... while
@@ -108,20 +112,28 @@ class BoundaryReader:
         return self._files[key]["h"]
 
     def _open(self, sh: Mapping[str, Any], b: int, entry: Mapping[str, Any]) -> h5py.File:
-        """Open a shard's file of boundary ``b`` once its bytes match the manifest's SHA-256 (every
-        byte, HDF5 metadata included, is checked before a value is used; Fletcher32 covers only
-        the chunks). Any failure to verify, open or find the dataset quarantines the shard."""
+        """Open a shard's file of boundary ``b`` once the bytes a read does not check match the
+        manifest: format 5, the SHA-256 of every byte outside ``h``'s sequence data (HDF5
+        metadata, the ``xxh3`` column, statistics rows; the data bytes are checked per sequence
+        when read), and ``h`` must lie exactly on the recorded byte range; formats 3 and 4, the
+        SHA-256 of the whole file. Any failure to verify, open or find the dataset quarantines
+        the shard."""
         path = self._shard_dir(sh) / entry["name"]
+        outside = self.version >= 5
         try:
             size = path.stat().st_size if path.is_file() else None
-            digest = file_sha256(path) if size == entry["bytes"] else None
+            if size != entry["bytes"]:
+                digest = None
+            else:
+                digest = outside_sha256(path, entry["data"]) if outside else file_sha256(path)
         except OSError as e:  # the file system's error (EIO, ESTALE, EMFILE, EACCES...), not the file's
             unavailable(path, e)
         if size != entry["bytes"]:
             self._damaged(sh, b, f"missing or not {entry['bytes']} bytes (the manifest's size)")
-        if digest != entry["sha256"]:
-            self._damaged(sh, b, f"checksum failure: SHA-256 {digest[:12]}... differs from the manifest's {entry['sha256'][:12]}... "
-                                 "(the file changed after it was written)")
+        want = entry["outside_sha256" if outside else "sha256"]
+        if digest != want:
+            self._damaged(sh, b, f"checksum failure: SHA-256 {digest[:12]}... of its {'bytes outside the sequence data' if outside else 'bytes'} "
+                                 f"differs from the manifest's {want[:12]}... (the file changed after it was written)")
         shape = (sh["hi"] - sh["lo"], self.manifest["seq_len"], self.manifest["hidden_size"])
         try:  # the bytes are as written: an error here means the manifest and the file disagree
             f = h5py.File(path, "r")
@@ -129,8 +141,11 @@ class BoundaryReader:
                 ok = "h" in f and f["h"].shape == shape
                 if ok and self.version >= 4:
                     ok = "xxh3" in f and f["xxh3"].shape == shape[:1] and f["xxh3"].dtype == np.uint64
-                    if ok:
-                        self._sums[(sh["split"], sh["lo"], b)] = f["xxh3"][...]
+                if ok and outside:  # every data byte lies in the range the xxh3 sums check, and nowhere else
+                    layout = self._raw_layout(f["h"])
+                    ok = layout is not None and [layout[0], layout[1] * shape[0]] == list(entry["data"])
+                if ok and self.version >= 4:
+                    self._sums[(sh["split"], sh["lo"], b)] = f["xxh3"][...]
             except Exception:
                 f.close()
                 raise
@@ -141,7 +156,8 @@ class BoundaryReader:
         if not ok:
             f.close()
             self._damaged(sh, b, f"dataset h missing or not of shape {shape}" +
-                          (f", or dataset xxh3 missing or not uint64 [{shape[0]}]" if self.version >= 4 else ""))
+                          (f", or dataset xxh3 missing or not uint64 [{shape[0]}]" if self.version >= 4 else "") +
+                          (f", or h's data not the recorded bytes {list(entry['data'])}" if outside else ""))
         return f
 
     def _damaged(self, sh, b: int, why: str, err: Exception | None = None):

@@ -5,10 +5,11 @@ Layout. A shard folder holds, per boundary ``b``, ``b<b>.h5`` with dataset ``h``
 ``[rows, seq_len, hidden]`` (storage dtype, contiguous and unfiltered: one sequence's bytes follow
 the previous one's), ``xxh3`` ``[rows]`` uint64 (the xxh3_64 of each sequence's stored bytes,
 checked by the reader on every read; format 4) and, for training rows among the first ``STATS_SEQUENCES``, ``sumsq`` ``[k, 2, hidden]``
-float64 (per-sequence sums of squares); plus ``shard.json`` (its range, shape, files with bytes
-and SHA-256, build time). The join folder holds ``manifest.json`` (the store's shape and
-fingerprints, every shard's folder relative to the join folder, its files' bytes and SHA-256,
-build times: sum and wall, and the SHA-256 of each statistics file) and ``stats-b<b>.npy``
+float64 (per-sequence sums of squares); plus ``shard.json`` (its range, shape, files with bytes,
+SHA-256 of every byte, the byte range of ``h``'s sequence data and the SHA-256 of every byte
+outside it (format 5, :func:`~zgcore.data.boundary_store.integrity.file_record`), build time).
+The join folder holds ``manifest.json`` (the store's shape and fingerprints, every shard's
+folder relative to the join folder, its files' records as in ``shard.json``, build times: sum and wall, and the SHA-256 of each statistics file) and ``stats-b<b>.npy``
 (per-channel RMS ``[2, hidden]`` float32).
 Nothing is copied: readers index the shard files through the manifest, and a reader of one
 boundary opens only that boundary's files.
@@ -28,12 +29,11 @@ import torch
 from zgcore.models.adapters import capture_boundaries
 from zgcore.atomic import atomic_path, write_json
 from zgcore.hashing import file_sha256
-from .common import (FORMAT_VERSION, H5_DTYPES, STATS_SEQUENCES, BoundaryStoreError, check_finite, planned_bytes,
-                     quarantine, rms_from_sumsq, round_trip, sequence_checksums, sequence_sumsq, system_error,
+from .integrity import file_record, outside_sha256
+from .common import (FORMAT_VERSION, H5_DTYPES, MANIFEST, SHARD_FILE, STATS_SEQUENCES, BoundaryStoreError, check_finite,
+                     planned_bytes, quarantine, rms_from_sumsq, round_trip, sequence_checksums, sequence_sumsq, system_error,
                      to_storage, unavailable)
 
-SHARD_FILE = "shard.json"
-MANIFEST = "manifest.json"
 # what every shard of one store must agree on
 SHAPE_KEYS = ("format_version", "boundaries", "dtype", "teacher_dtype", "seq_len", "hidden_size", "batch_size")
 
@@ -98,8 +98,7 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
     rec = {"format_version": FORMAT_VERSION, "split": split, "lo": int(lo), "hi": int(lo + m),
            "boundaries": [int(b) for b in boundaries], "dtype": dtype, "seq_len": seq_len, "hidden_size": hidden,
            "batch_size": int(batch_size), "stats_rows": int(n_stats), **extra,
-           "files": {f"b{b}": {"name": f"b{b}.h5", "bytes": (folder / f"b{b}.h5").stat().st_size,
-                               "sha256": file_sha256(folder / f"b{b}.h5")} for b in boundaries},
+           "files": {f"b{b}": file_record(folder / f"b{b}.h5") for b in boundaries},
            "build_seconds": time.perf_counter() - t0, "started": started, "finished": time.time(),
            "peak_rss_mib": peak_rss() if peak_rss else None}
     write_json(folder / SHARD_FILE, rec)
@@ -116,8 +115,9 @@ def read_shard_record(folder: str | os.PathLike) -> dict[str, Any]:
 
 def shard_problem(folder: str | os.PathLike, rec: Mapping[str, Any] | None = None) -> str | None:
     """Cheap completeness check of a shard folder (record present, every file present with its
-    recorded size): ``None`` when sound, else what is wrong. Content is checked on read (the file's
-    SHA-256 when first opened, each sequence's xxh3_64 on every read)."""
+    recorded size): ``None`` when sound, else what is wrong. Content is checked on read (the bytes
+    outside the sequence data when the file is first opened, each sequence's xxh3_64 on every read)
+    and in full by ``zerograph verify``."""
     try:
         rec = rec if rec is not None else read_shard_record(folder)
     except BoundaryStoreError as e:
@@ -184,13 +184,18 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
 
 
 def _read_sumsq(folder: Path, entry: Mapping[str, Any]) -> np.ndarray:
-    """A shard file's ``sumsq`` rows, once its bytes match the SHA-256 its record holds. Raises
+    """A shard file's ``sumsq`` rows, once its bytes match the SHA-256 its record holds (format 5:
+    of every byte outside the sequence data, which holds the rows; else of the whole file). Raises
     :class:`BoundaryStoreError` naming the file (and moves the shard aside) on any mismatch or
     HDF5 error, so that the next run rebuilds that shard; an error of the file system (an
     ``OSError`` with an errno) raises it too, moving nothing."""
     path = folder / entry["name"]
     try:
-        if file_sha256(path) != entry["sha256"]:
+        if "outside_sha256" in entry:
+            if outside_sha256(path, entry["data"]) != entry["outside_sha256"]:
+                raise BoundaryStoreError("the SHA-256 of its bytes outside the sequence data differs from the one "
+                                         "recorded when it was written")
+        elif file_sha256(path) != entry["sha256"]:
             raise BoundaryStoreError("its SHA-256 differs from the one recorded when it was written")
         with h5py.File(path, "r") as f:
             return f["sumsq"][...]

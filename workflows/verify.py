@@ -1,0 +1,86 @@
+"""``zerograph verify``: check every byte of an experiment's stored artefacts that a run does not
+check in full when it reads them, and move each damaged one aside so that the next run rebuilds it.
+
+A run checks what it reads as it reads it (a boundary shard's metadata when the file is opened,
+each sequence's bytes when read), so that start-up does not grow with the store; this command is
+the whole-file check, run when wanted (after copying a store, on a schedule, before a long run).
+
+Extending it: a *checker* is a function from the experiment's tasks to the :class:`Item` s it
+checks; add one to :data:`CHECKERS`. Each item names what it checks, its size in bytes (for the
+progress bar) and a ``check(progress)`` that returns ``(path, what is wrong)`` per damaged file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from tqdm import tqdm
+
+from tasks import ZGTask
+
+Problem = tuple[Path, str]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing :func:`verify` checks.
+
+    Attributes:
+        what: names it in messages (e.g. ``"boundary shard <folder>"``).
+        nbytes: bytes it reads (the progress bar's share; 0 if unknown).
+        check: ``check(progress)`` checks it, calling ``progress(bytes)`` as it reads, moves what is
+            damaged aside, and returns ``(path, what is wrong)`` per damaged file (``[]``: whole).
+    """
+    what: str
+    nbytes: int
+    check: Callable[[Callable[[int], None]], list[Problem]]
+
+
+Checker = Callable[[Sequence[ZGTask]], list[Item]]
+
+
+def boundary_stores(tasks: Sequence[ZGTask]) -> list[Item]:
+    """Every shard of every boundary store among ``tasks`` (the shards a join's manifest lists, and
+    built shards not yet joined), each file against its whole-file SHA-256; and each join's
+    statistics files. A shard shared by several joins is checked once."""
+    from tasks.cache import BoundaryShard, TeacherBoundary
+    from zgcore.data.boundary_store import MANIFEST, SHARD_FILE, read_shard_record
+    from zgcore.data.boundary_store.integrity import check_shard, check_stats, store_shards
+
+    shards: dict[Path, dict] = {}
+    items: list[Item] = []
+    for t in tasks:
+        if isinstance(t, TeacherBoundary) and (t.out_dir / MANIFEST).is_file():
+            for folder, files in store_shards(t.out_dir):
+                shards.setdefault(folder, files)
+            root = t.out_dir
+            items.append(Item(f"boundary statistics {root}", sum(p.stat().st_size for p in root.glob("stats-b*.npy")),
+                              lambda progress, root=root: check_stats(root, progress)))
+        elif isinstance(t, BoundaryShard) and (t.out_dir / SHARD_FILE).is_file():
+            shards.setdefault(t.out_dir.resolve(), read_shard_record(t.out_dir)["files"])
+    for folder, files in shards.items():
+        if not folder.is_dir():  # already moved aside, or never built: the next run builds it
+            continue
+        size = sum((folder / e["name"]).stat().st_size for e in files.values() if (folder / e["name"]).is_file())
+        items.insert(0, Item(f"boundary shard {folder}", size,
+                             lambda progress, folder=folder, files=files: check_shard(folder, files, progress)))
+    return items
+
+
+# what `zerograph verify` checks, in order; each entry maps the experiment's tasks to items
+CHECKERS: list[Checker] = [boundary_stores]
+
+
+def verify(tasks: Sequence[ZGTask], checkers: Iterable[Checker] | None = None,
+           bar: bool = True) -> tuple[list[Item], list[Problem]]:
+    """Run every item of every checker (default :data:`CHECKERS`, read when called) over ``tasks``
+    under one progress bar (bytes).
+    Returns ``(items checked, problems)``; a problem is ``(damaged file, what is wrong and where it
+    was moved)``."""
+    items = [item for c in (CHECKERS if checkers is None else checkers) for item in c(tasks)]
+    problems: list[Problem] = []
+    with tqdm(total=sum(i.nbytes for i in items), unit="B", unit_scale=True, desc="verify", disable=not bar) as pb:
+        for item in items:
+            problems += item.check(pb.update)
+    return items, problems
