@@ -330,7 +330,7 @@ def test_a_non_finite_stored_value_with_valid_checksums_fails_the_read_naming_th
 @pytest.mark.parametrize("where,err", [("hash", errno.ESTALE), ("h5py.File", errno.EMFILE), ("os.open", errno.EACCES),
                                        ("os.preadv", errno.EIO), ("sumsq", errno.ENOSPC)])
 def test_a_file_system_error_at_open_or_read_fails_in_one_line_and_keeps_the_shard(store, tmp_path, monkeypatch, where, err):
-    """An OSError of the file system (ESTALE while hashing, EMFILE from h5py at open, EACCES from
+    """An OSError of the file system (ESTALE while hashing the bytes outside the data at open, EMFILE from h5py at open, EACCES from
     os.open, EIO from os.preadv at read, ENOSPC while the join reads the statistics rows) is one
     BoundaryStoreError line naming the file and the system's error; nothing is moved aside, and
     once the file system answers the same reader code reads the same values."""
@@ -353,7 +353,7 @@ def test_a_file_system_error_at_open_or_read_fails_in_one_line_and_keeps_the_sha
             raise OSError(err, os.strerror(err), str(shard / "b2.h5"))
         return f
 
-    target = {"hash": (reader, "file_sha256"), "h5py.File": (reader.h5py, "File"), "os.open": (reader.os, "open"),
+    target = {"hash": (reader, "outside_sha256"), "h5py.File": (reader.h5py, "File"), "os.open": (reader.os, "open"),
               "os.preadv": (reader.os, "preadv"), "sumsq": (shards.h5py, "File")}[where]
     monkeypatch.setattr(*target, failing(getattr(*target)))
     with pytest.raises(BoundaryStoreError) as e:
