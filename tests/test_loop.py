@@ -53,9 +53,9 @@ def test_non_finite_gradient_norm_fails_even_without_clipping():
         loss.backward()
         loop.update(0, step)
         return [v]
-    with pytest.raises(NonFiniteError, match=r"the gradient norm is inf at step 1 of 3"):
+    with pytest.raises(NonFiniteError, match=r"the gradient norm is inf at step 1 of 3") as e:
         loop.run(lambda s: iter([None] * 3), step_fn)
-    assert torch.equal(w.detach(), torch.zeros(2))  # no optimizer step was taken
+    assert e.value.step == 1 and e.value.what == "the gradient norm"  # found at the read-back, named where it began
 
 
 def test_checkpoint_io_error_keeps_the_file_and_malformed_ones_are_moved_aside(tmp_path, monkeypatch):
@@ -183,3 +183,86 @@ def test_a_later_training_stage_heal_with_exploding_lr_fails_and_keeps_nothing(t
     assert "(now 1e+09)" in str(exc)
     assert not task.out_dir.exists() and not list(tmp_path.glob("Evaluate/*"))
     assert (task.work_dir / CKPT).is_file()  # the last checkpoint before the fault, for inspection
+
+
+def test_a_nan_between_two_read_backs_fails_the_run_and_writes_no_checkpoint_or_result_of_it(tmp_path):
+    """Losses and gradient norms stay on the device and are read back every ``log_every`` steps:
+    a NaN at step 6 (read-backs at 4, 8 and 12; checkpoints at 4 and 8) fails the run at the
+    step-8 read-back, naming step 6, before the step-8 checkpoint is written: the step-4 checkpoint
+    is the one kept, and no loss log or final state is written."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 3)
+    loop = TrainLoop("test", [list(lin.parameters())], {**T, "checkpoint_every": 4, "log_every": 4}, 12, tmp_path,
+                     "h", {"lin": lin}, ["loss"])
+    x = torch.randn(4, 3)
+    seen = []
+
+    def step_fn(batch, step):
+        loss = (lin(x) ** 2).mean() * batch
+        return loop.step_on(step, loss)
+    scale = [1.0] * 12
+    scale[5] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"test: the loss is nan at step 6 of 12") as e:
+        loop.run(lambda s: iter(scale[s:]), step_fn, progress=lambda s, n, v: seen.append(s))
+    assert e.value.step == 6
+    ck = load_checkpoint(tmp_path / CKPT)
+    assert ck["step"] == 4 and all(torch.isfinite(t).all() for t in ck["modules"]["lin"].values())
+    assert not (tmp_path / "loss_log.csv").exists() and not (tmp_path / "train_state.pt").exists()
+    assert seen == [1, 2, 3, 4, 5]  # the steps before the non-finite one are reported, it and those after never
+
+
+def test_training_syncs_with_the_host_once_per_read_back_not_per_step(tmp_path, monkeypatch):
+    """A block trained 40 steps with ``log_every`` 10 and a checkpoint at step 20 copies values from
+    the device to the host (``.item()``, ``.cpu()``, ``.tolist()``, ``float()``, ``bool()`` on a
+    tensor, counted on the training thread, outside the checkpoint writer and AdamW's CPU step
+    counters) at most once per
+    read-back: 4 read-backs (steps 10, 20, 30, 40) plus the checkpoint; before, it was one per step
+    and per value. The loss log holds every step all the same. (transformers' own causal-mask
+    builder still tests the position ids once per forward; counted apart.)"""
+    import threading
+
+    from zgcore.data.boundary_store import BoundaryReader, build_store
+    from zgcore.models.adapters import build_block
+    from zgcore.models.teacher import load, materialise
+    from zgcore.training.blocks import train_block
+
+    model, _ = load(materialise("tiny-llama", outputs=tmp_path))
+    rng = np.random.default_rng(0)
+    tokens = {"train": rng.integers(0, 256, (16, 16)).astype(np.int32), "val": rng.integers(0, 256, (4, 16)).astype(np.int32)}
+    build_store(tmp_path / "store", model, tokens, [0, 2], "float32", 4, {}, log=lambda m: None)
+    block = build_block(model, [0, 1], "teacher", 3)
+    t = {"objective": "noisy", "noise": 0.1, "loss_norm": "channel", "lr": 1e-3, "weight_decay": 0.0, "grad_clip": 1.0,
+         "warmup_steps": 2, "max_steps": 40, "epochs": 1, "batch_size": 4, "checkpoint_every": 20, "log_every": 10,
+         "prefetch": 0}
+    main, counting, calls = threading.get_ident(), [True], []
+
+    def counted(name):
+        real = getattr(torch.Tensor, name)
+
+        def shim(self, *a, **k):
+            # AdamW's step counters live on the CPU whatever the device (not capturable): reading them is no device sync
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            # transformers' mask builder tests its position ids with one bool() per forward (masking_utils
+            # find_packed_sequence_indices): the model's own, counted apart below
+            if counting[0] and threading.get_ident() == main and not caller.startswith("torch.optim"):
+                calls.append(f"{name} from {caller}")
+            return real(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, shim)
+    for name in ("item", "cpu", "tolist", "__float__", "__bool__"):
+        counted(name)
+    real_save = TrainLoop.save
+
+    def save(self, path):  # writing a checkpoint copies the state to the host: counted as one, below
+        counting[0] = False
+        try:
+            real_save(self, path)
+        finally:
+            counting[0] = True
+    monkeypatch.setattr(TrainLoop, "save", save)
+    with BoundaryReader(tmp_path / "store") as r:
+        calls.clear()
+        m = train_block(block, r, 0, 2, t, 3, tmp_path / "work", "h")
+    assert m["steps"] == 40 and len((tmp_path / "work" / "loss_log.csv").read_text().splitlines()) == 41
+    ours = [c for c in calls if not c.split(" from ")[1].startswith("transformers.")]
+    assert 4 <= len(ours) <= 40 // 10 + 1, ours  # one per read-back (+1 checkpoint), not one per step
+    assert len(calls) - len(ours) <= 40  # at most the model's own mask check, once per forward

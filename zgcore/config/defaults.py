@@ -26,6 +26,9 @@ HEAL_DEFAULTS: dict[str, Any] = {
     "grad_clip": 1.0,  # gradient-norm clipping (0 = none)
     "seed": 0,  # batch order
     "checkpoint_every": 25,  # steps between checkpoints (resume after an interruption); not hashed
+    # steps between read-backs of the losses and gradient norms from the device (one host sync each; a
+    # non-finite value fails the run there, before any checkpoint); not hashed (zgcore.training.loop)
+    "log_every": 10,
     "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.training.watch); not hashed
 }
 
@@ -93,6 +96,9 @@ DEFAULTS: dict[str, Any] = {
         "grad_clip": 1.0,  # gradient-norm clipping (0 = none)
         "seed": 0,  # initialisation, noise and batch order of the block
         "checkpoint_every": 25,  # steps between checkpoints (resume after an interruption); not hashed
+        # steps between read-backs of the losses and gradient norms from the device (one host sync each; a
+        # non-finite value fails the run there, before any checkpoint); not hashed (zgcore.training.loop)
+        "log_every": 10,
         # batches read from the boundary store ahead of the step by each background worker (0 = read
         # synchronously); same order and bytes either way, so not hashed (zgcore.data.feed)
         "prefetch": 2,

@@ -22,7 +22,7 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
         v = h[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
             raise ConfigError(f"{where}.{k} must be a finite number >= 0{note}, got {v!r}")
-    for k in ("batch_size", "checkpoint_every"):
+    for k in ("batch_size", "checkpoint_every", "log_every"):
         positive_int(f"{where}.{k}", h[k])
     for k in ("warmup_steps", "seed"):
         positive_int(f"{where}.{k}", h[k], zero_ok=True)
@@ -42,13 +42,13 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
 
 
 def distill_hashed(d: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of an end-to-end distillation a result depends on: not ``checkpoint_every`` or
-    ``tensorboard``; not ``top_k`` when 0 nor ``targets`` when ``"online"`` (the defaults: runs
+    """The settings of an end-to-end distillation a result depends on: not ``checkpoint_every``,
+    ``log_every`` or ``tensorboard``; not ``top_k`` when 0 nor ``targets`` when ``"online"`` (the defaults: runs
     from before they existed keep their hashes; a cached run is a result of its own, with its own
     name, though byte-identical to the online top-k run);
     without a search (``lrs`` empty or absent) not ``lrs``/``lr_rounds`` (so arms without one keep
     their hashes); with one not ``lr`` (the search chooses it)."""
-    out = {k: v for k, v in dict(d).items() if k not in ("checkpoint_every", "tensorboard")}
+    out = {k: v for k, v in dict(d).items() if k not in ("checkpoint_every", "log_every", "tensorboard")}
     if not int(out.get("top_k") or 0):
         out.pop("top_k", None)
     if out.get("targets", "online") == "online":

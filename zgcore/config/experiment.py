@@ -284,7 +284,7 @@ def validate_train(t: Mapping[str, Any], where: str, block: int | None = None,
         raise ConfigError(f"{n('prefetch_mode')} must be \"thread\" or \"process\", got {t['prefetch_mode']!r}")
     if not isinstance(t["tensorboard"], bool):
         raise ConfigError(f"{n('tensorboard')} must be true or false, got {t['tensorboard']!r}")
-    for k in ("batch_size", "checkpoint_every", "prefetch_workers"):
+    for k in ("batch_size", "checkpoint_every", "log_every", "prefetch_workers"):
         _positive_int(n(k), t[k])
     if float(t["epochs"]) == 0 and int(t["max_steps"]) == 0:
         raise ConfigError(f"{where}: set {n('epochs')} > 0 or {n('max_steps')} > 0")

@@ -48,6 +48,7 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
     * ``epochs`` when ``max_steps`` is set (``max_steps`` wins);
     * ``keep_fraction`` when ``n_layers`` is set;
     * ``checkpoint_every`` (a resumed run ends with the same bytes as an uninterrupted one),
+      ``log_every`` (when values are read back from the device, not what they are),
       ``prefetch`` and ``prefetch_workers`` (batches read ahead have the same order and bytes) and
       ``tensorboard`` (a view);
     * ``intermediate_size`` and ``kv_heads`` when None, and ``importance_sequences`` when nothing is measured
@@ -66,7 +67,7 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
         out.pop("epochs", None)
     if out.get("n_layers") is not None:
         out.pop("keep_fraction", None)
-    for k in ("checkpoint_every", "prefetch", "prefetch_workers", "prefetch_mode", "tensorboard"):
+    for k in ("checkpoint_every", "log_every", "prefetch", "prefetch_workers", "prefetch_mode", "tensorboard"):
         out.pop(k, None)
     if out.get("intermediate_size") is None:
         out.pop("intermediate_size", None)
@@ -172,10 +173,12 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
             # the store's dtype over the copy, widened on the device (exact; a no-op for float32)
             inp, target = objective.make_pair(to_device(x, device).float(), to_device(y, device).float(),
                                               ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
-            ids = torch.as_tensor(tokens[np.asarray(idx)], device=device) if active else None
+            ids = torch.as_tensor(tokens[np.asarray(idx)]) if active else None
+            if ids is not None:  # page-locked on CUDA: the copy does not wait for the previous step
+                ids = to_device(ids.pin_memory() if device.type == "cuda" else ids, device)
             yield inp, target, ids
 
-    def step_fn(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], step: int) -> list[float]:
+    def step_fn(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], step: int) -> list[torch.Tensor]:
         inp, target, ids = batch
         with autocast(device):
             pred = block(inp)
@@ -183,7 +186,8 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
         values = []
         if active:
             terms = aux_losses(head(pred.float()), ids, active, int(t.get("mtp_n") or 1))
-            values = [loss.item()] + [loop.check(step, f"the {k} term", v.item()) for k, v in terms.items()]
+            # kept on the device, read back every log_every steps (TrainLoop.run): no host sync per step
+            values = [loss.detach()] + [loop.check(step, f"the {k} term", v.detach()) for k, v in terms.items()]
             loss = loss + sum(active[k] * v for k, v in terms.items())
         return loop.step_on(step, loss, values)
 

@@ -31,6 +31,12 @@ from zgcore.training.topk import topk_kd_loss
 
 STORE_AHEAD = 2  # batches of records read ahead of the step by the input pipeline's worker thread
 
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` (on the CPU) on ``device``: on CUDA through page-locked memory with ``non_blocking``,
+    so that the copy does not wait for the step before it to finish."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """``T**2`` times the mean over positions of KL(teacher || student) of the softmax at temperature ``T``.
 
@@ -213,13 +219,13 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: n
             epoch, k = divmod(step, per_epoch)
             order = data_order(n, seed, epoch)
             for kb in range(k, per_epoch):
-                yield torch.as_tensor(tokens[order[kb * bs: (kb + 1) * bs]], dtype=torch.long, device=device)
+                yield _to(torch.as_tensor(tokens[order[kb * bs: (kb + 1) * bs]], dtype=torch.long), device)
                 step += 1
 
-    def step_fn(batch, step: int) -> list[float]:
+    def step_fn(batch, step: int) -> list[torch.Tensor]:
         if reader is not None:
             _, idx, rec, _ = batch
-            ids = torch.as_tensor(tokens[idx], dtype=torch.long, device=device)
+            ids = _to(torch.as_tensor(tokens[idx], dtype=torch.long), device)
         else:
             ids, rec = batch, None
         t_hidden = {}
@@ -240,11 +246,12 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: n
             with autocast(device):
                 s_logits, s_hidden = _residuals(student, ids, [s for s, _ in pairs])
             kd = kd_loss(s_logits, t_logits, T)
-        values = [loop.check(step, "the KD term", kd.item())]
+        # kept on the device, read back every log_every steps (TrainLoop.run): no host sync per step
+        values = [loop.check(step, "the KD term", kd.detach())]
         loss = kd
         if pairs:
             hid = torch.stack([regression_loss(s_hidden[s].float(), t_hidden[t].float(), "token") for s, t in pairs]).mean()
-            values.append(loop.check(step, "the hidden-state term", hid.item()))
+            values.append(loop.check(step, "the hidden-state term", hid.detach()))
             loss = kd + w_hidden * hid
         return loop.step_on(step, loss, values)
 

@@ -9,8 +9,12 @@ a bitwise-identical resume from them, and the final optimizer and RNG state (``t
 What a step computes (forward, losses, backward order) is the caller's ``step_fn``; it calls
 :meth:`TrainLoop.check` on each loss and :meth:`TrainLoop.update` to clip and step a group.
 
-After every step the loop hands a :class:`StepInfo` (values, lr, gradient norms, tokens/s) to
-its callbacks (e.g. :class:`zgcore.training.watch.TensorBoardWatch`, a live view of every training task).
+Losses and gradient norms stay on the device and are read back every ``log_every`` steps, before
+each checkpoint and at the end (one host-device sync each, so the host queues the next step while
+the device computes; a non-finite one fails the run there, before anything of its state is
+written). At each read-back the loop hands a :class:`StepInfo` (values, lr, gradient norms,
+tokens/s) per step to its callbacks (e.g. :class:`zgcore.training.watch.TensorBoardWatch`, a live
+view of every training task).
 
 Checkpoints hold only tensors and plain Python values and load with
 ``torch.load(weights_only=True)``: nothing is unpickled from a shared folder.
@@ -19,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,14 +33,13 @@ import torch
 from tqdm import tqdm
 
 from zgcore.atomic import atomic_path
+from zgcore.training.checkpoint import CKPT_FORMAT, load_checkpoint, state_digest  # noqa: F401 (re-exported)
 
 CKPT = "checkpoint.pt"
 FINAL_STATE = "train_state.pt"  # the last step's weights, optimizer and RNG state (same layout as a checkpoint)
 LOSS_LOG = "loss_log.csv"
-# 3: {"format", "modules", "optimizers", "torch_rng", "step", "log", "run_hash", "digest"}, weights_only;
-# "digest" (state_digest of the rest) is checked on load: torch.load does not check its zip's CRCs
-CKPT_FORMAT = 3
-_CKPT_FIELDS = {"format", "modules", "optimizers", "torch_rng", "step", "log", "run_hash", "digest"}
+# steps between read-backs of the losses and gradient norms kept on the device (``<section>.log_every``)
+LOG_EVERY = 10
 
 
 class NonFiniteError(RuntimeError):
@@ -104,7 +106,9 @@ class TrainLoop:
         name: who is training, used in messages (e.g. ``"TrainBlock block0-clean-cached-s0"``).
         groups: parameter groups; group ``j`` gets its own AdamW and its own clipping.
         t: train settings: ``lr``, ``weight_decay``, ``grad_clip`` (0 = no clipping),
-            ``warmup_steps``, ``checkpoint_every`` (optional; 0 or absent = no checkpoints).
+            ``warmup_steps``, ``checkpoint_every`` (optional; 0 or absent = no checkpoints),
+            ``log_every`` (optional, default :data:`LOG_EVERY`: steps between read-backs of the
+            values kept on the device, see :meth:`run`).
         steps: total optimizer steps.
         work: folder for checkpoints, ``loss_log.csv`` and ``train_state.pt`` (kept across
             interruptions); ``None`` = keep nothing on disk.
@@ -131,16 +135,23 @@ class TrainLoop:
         self.optimizers = [torch.optim.AdamW(g, lr=self.lr, weight_decay=float(t["weight_decay"])) for g in self.groups]
         self.log: list[list[float]] = []
         self.callbacks = list(callbacks)
-        self._norms: dict[int, float] = {}  # this step's gradient norm per group (for the callbacks)
+        self._norms: dict[int, torch.Tensor] = {}  # this step's gradient norm per group (for the callbacks)
+        self._checks: list[tuple[int, str, float | torch.Tensor]] = []  # this step's values to check at the read-back
+        self.log_every = max(1, int(t.get("log_every") or LOG_EVERY))
 
     # -- what a step function calls
-    def check(self, step: int, what: str, value: float) -> float:
-        """Return ``value`` if finite, else raise :class:`NonFiniteError` naming the run, the step
-        (1-based), what and the value, and what to change."""
-        if math.isfinite(value):
-            return value
+    def check(self, step: int, what: str, value: float | torch.Tensor) -> float | torch.Tensor:
+        """Return ``value`` (a float, or a 0-dim loss or norm tensor on any device) at once and
+        check it at the next read-back (every ``log_every`` steps, before each checkpoint and at
+        the end), in the order the checks were made, so no step waits for the device: a
+        non-finite value raises :class:`NonFiniteError` there, naming the run, the step (1-based)
+        where it appeared, what and the value, and what to change."""
+        self._checks.append((step, what, value.detach() if isinstance(value, torch.Tensor) else value))
+        return value
+
+    def _non_finite(self, step: int, what: str, value: float) -> NonFiniteError:
         kept = f"the last checkpoint is kept in {self.work}" if self.work and (self.work / CKPT).exists() else "no checkpoint was taken yet"
-        raise NonFiniteError(
+        return NonFiniteError(
             f"{self.name}: {what} is {value} at step {step + 1} of {self.steps}; training stopped and nothing was saved "
             f"as done ({kept}). Lower {self.section}.lr (now {self.lr:g}), set {self.section}.grad_clip > 0 (now "
             f"{self.clip:g}; e.g. 1.0), "
@@ -151,52 +162,101 @@ class TrainLoop:
         for o in self.optimizers if j is None else [self.optimizers[j]]:
             o.zero_grad(set_to_none=True)
 
-    def update(self, j: int, step: int) -> float:
-        """Check group ``j``'s gradient norm, clip it to ``grad_clip`` (if > 0) and step its
-        optimizer; the same arithmetic as ``clip_grad_norm_``. Returns the norm before clipping.
-        Raises :class:`NonFiniteError`."""
+    def update(self, j: int, step: int) -> torch.Tensor:
+        """Clip group ``j``'s gradients to ``grad_clip`` (if > 0) and step its optimizer; the same
+        arithmetic as ``clip_grad_norm_``. Returns the norm before clipping, a 0-dim tensor on the
+        parameters' device, checked finite at the next read-back (:meth:`check`): no host sync."""
         params = self.groups[j]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        self.check(step, f"the gradient norm{f' of block {j}' if len(self.groups) > 1 else ''}", float(norm))
+        self.check(step, f"the gradient norm{f' of block {j}' if len(self.groups) > 1 else ''}", norm)
         if self.clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.clip, norm)
         self.optimizers[j].step()
-        self._norms[j] = value = float(norm)
-        return value
+        self._norms[j] = norm
+        return norm
 
-    def step_on(self, step: int, loss: torch.Tensor, values: Sequence[float] = ()) -> list[float]:
-        """One optimizer step of a one-group run on ``loss``: check that it is finite, backpropagate,
-        clip and step. Returns the step's log row ``[loss, *values]``. Raises :class:`NonFiniteError`."""
-        value = self.check(step, "the loss", loss.item())
+    def step_on(self, step: int, loss: torch.Tensor, values: Sequence[float | torch.Tensor] = ()) -> list:
+        """One optimizer step of a one-group run on ``loss``: backpropagate, clip and step; the loss
+        is checked finite at the next read-back (:meth:`check`). Returns the step's log row
+        ``[loss, *values]`` (0-dim tensors or floats)."""
+        self.check(step, "the loss", loss)
         self.zero_grad()
         loss.backward()
         self.update(0, step)
-        return [value, *values]
+        return [loss.detach(), *values]
+
+    def _read_back(self, pending: list, bar, progress) -> None:
+        """Copy every value, check and gradient norm of the ``pending`` steps to the host in one
+        transfer (one host-device sync), raise :class:`NonFiniteError` at the first non-finite
+        check (in step order, as an immediate check would have), then log the steps and hand
+        them to ``progress`` and the callbacks, in order."""
+        if not pending:
+            return
+        flat = [x for p in pending for x in (*[v for _, _, v in p["checks"]], *p["values"], *p["norms"])]
+        where = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+        if where:
+            dev = flat[where[0]].device
+            got = torch.stack([flat[i].detach().reshape(()).to(dev, torch.float64) for i in where]).tolist()
+            for i, v in zip(where, got):
+                flat[i] = v
+        flat = [float(x) for x in flat]
+        pos = 0
+        for p in pending:
+            n_c, n_v, n_n = len(p["checks"]), len(p["values"]), len(p["norms"])
+            for (step, what, _), v in zip(p["checks"], flat[pos: pos + n_c]):
+                if not math.isfinite(v):
+                    pending.clear()
+                    raise self._non_finite(step, what, v)
+            values, norms = flat[pos + n_c: pos + n_c + n_v], flat[pos + n_c + n_v: pos + n_c + n_v + n_n]
+            pos += n_c + n_v + n_n
+            step, lr = p["step"], p["lr"]
+            self.log.append([step + 1, *values, lr])
+            bar.update(1)
+            bar.set_postfix(loss=f"{values[0]:.4f}")
+            if progress:
+                progress(step + 1, self.steps, values)
+            if self.callbacks:
+                info = StepInfo(step + 1, self.steps, dict(zip(self.columns, values)), lr, norms, p["tokens"],
+                                p["seconds"], p["data_seconds"])
+                for cb in self.callbacks:
+                    cb(info)
+        pending.clear()
 
     # -- the loop
-    def run(self, batches: Callable[[int], Iterable[Any]], step_fn: Callable[[Any, int], Sequence[float]],
+    def run(self, batches: Callable[[int], Iterable[Any]], step_fn: Callable[[Any, int], Sequence[float | torch.Tensor]],
             progress: Callable[[int, int, Sequence[float]], None] | None = None) -> dict[str, Any]:
         """Train from the last checkpoint (or step 0) to ``steps``.
+
+        Each step's values, checks and gradient norms stay where ``step_fn`` computed them (on the
+        device) and are read back together every ``log_every`` steps (the settings' key, default
+        :data:`LOG_EVERY`), before each checkpoint and at the end: one host-device sync per
+        read-back instead of one per value, so the host queues step ``k + 1`` (and its batch's
+        ``non_blocking`` copy) while the device computes step ``k``. A non-finite value raises
+        :class:`NonFiniteError` at its read-back, naming the step where it first appeared, before
+        any checkpoint or result of the state after it is written (the parameters in memory may by
+        then hold it; the last checkpoint on disk does not).
 
         Args:
             batches: ``batches(start)`` yields the batches of steps ``start, start+1, ...``.
             step_fn: ``step_fn(batch, step)`` does one step (0-based) and returns the values
-                named by ``columns``. The learning rate is already set.
-            progress: called as ``progress(step, steps, values)`` after every step (1-based).
+                named by ``columns`` (0-dim tensors or floats). The learning rate is already set.
+            progress: called as ``progress(step, steps, values)`` for every step (1-based), at its read-back.
 
         Returns:
             ``steps``, ``first`` and ``final`` (per column: the first step's value and the mean of
             the last 10% of steps), ``seconds`` (wall, s), ``data_seconds`` (time in ``batches``),
-            ``compute_seconds`` (time in ``step_fn``), ``resumed_from`` (step).
+            ``compute_seconds`` (time in ``step_fn``, launching work on an accelerator),
+            ``resumed_from`` (step).
 
         Raises:
-            NonFiniteError: from ``step_fn``. OSError: a checkpoint that cannot be read for an I/O reason.
+            NonFiniteError: a non-finite checked value. OSError: a checkpoint that cannot be read for an I/O reason.
         """
         start = self._resume()
         t0 = time.perf_counter()
         data_s = compute_s = 0.0
         it: Iterator[Any] = iter(batches(start))
         bar = tqdm(total=self.steps, initial=start, desc=self.name, unit="step")
+        pending: list[dict[str, Any]] = []
         try:
             for step in range(start, self.steps):
                 t1 = time.perf_counter()
@@ -204,24 +264,20 @@ class TrainLoop:
                 t2 = time.perf_counter()
                 lr = lr_at(step, self.steps, self.lr, self.warmup)
                 self._norms.clear()
+                self._checks = []
                 for o in self.optimizers:
                     for g in o.param_groups:
                         g["lr"] = lr
-                values = [float(v) for v in step_fn(batch, step)]
+                values = list(step_fn(batch, step))
                 compute_s += time.perf_counter() - t2
                 data_s += t2 - t1
-                self.log.append([step + 1, *values, lr])
-                bar.update(1)
-                bar.set_postfix(loss=f"{values[0]:.4f}")
-                if progress:
-                    progress(step + 1, self.steps, values)
-                if self.callbacks:
-                    info = StepInfo(step + 1, self.steps, dict(zip(self.columns, values)), lr,
-                                    [self._norms[j] for j in sorted(self._norms)], batch_tokens(batch),
-                                    time.perf_counter() - t1, t2 - t1)
-                    for cb in self.callbacks:
-                        cb(info)
-                if self.work and self.every and (step + 1) % self.every == 0 and step + 1 < self.steps:
+                pending.append({"step": step, "lr": lr, "values": values, "checks": self._checks,
+                                "norms": [self._norms[j] for j in sorted(self._norms)], "tokens": batch_tokens(batch),
+                                "seconds": time.perf_counter() - t1, "data_seconds": t2 - t1})
+                ckpt = self.work and self.every and (step + 1) % self.every == 0 and step + 1 < self.steps
+                if ckpt or (step + 1) % self.log_every == 0 or step + 1 == self.steps:
+                    self._read_back(pending, bar, progress)
+                if ckpt:
                     for cb in self.callbacks:  # what they recorded up to here is on disk before the checkpoint is
                         getattr(cb, "flush", lambda: None)()
                     self.save(self.work / CKPT)
@@ -296,37 +352,6 @@ def canonical_state(obj: Any) -> Any:
     return obj
 
 
-def state_digest(obj: Any) -> str:
-    """SHA-256 (hex) of a checkpoint's content: every tensor's dtype, shape and bytes and every
-    plain value's ``repr``, walking dicts in sorted key order. Computed on save and compared on
-    load, so a damaged file never resumes training with other values (``torch.load`` reads a
-    checkpoint's zip records without checking their CRC-32: a flipped byte in a tensor loads
-    silently)."""
-    import hashlib
-
-    h = hashlib.sha256()
-
-    def walk(o):
-        if isinstance(o, torch.Tensor):
-            t = o.detach().cpu().contiguous().reshape(-1)
-            h.update(f"T{t.dtype}{tuple(o.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes())
-        elif isinstance(o, Mapping):
-            h.update(f"D{len(o)}".encode())
-            for k in sorted(o, key=repr):
-                h.update(repr(k).encode())
-                walk(o[k])
-        elif isinstance(o, (list, tuple)):
-            h.update(f"L{len(o)}".encode())
-            for x in o:
-                walk(x)
-        else:
-            h.update(f"V{o!r}".encode())
-
-    walk(obj)
-    return h.hexdigest()
-
-
 def loss_metrics(m: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
     """:meth:`TrainLoop.run`'s metrics with ``first``/``final`` as ``first_loss`` and ``final_loss``
     (the first column) and ``final_<column>`` for every other column."""
@@ -335,36 +360,3 @@ def loss_metrics(m: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
     return {**m, "first_loss": first[0] if first else None, "final_loss": final[0] if final else None, **extra}
 
 
-def load_checkpoint(path: Path) -> dict[str, Any] | None:
-    """Load a checkpoint onto the CPU with ``weights_only=True``; ``None`` if there is none.
-
-    A file that is malformed (not a checkpoint, truncated, of another format, holding anything but
-    tensors and plain values, or whose content does not match its :func:`state_digest`) is moved aside to ``*.corrupt`` (never deleted) and ``None`` is
-    returned. CPU, whatever the training device: ``torch.set_rng_state`` takes only a CPU
-    ``ByteTensor``, and ``load_state_dict`` copies weights and optimizer state to the device.
-
-    Raises:
-        OSError: the file exists but could not be read (a transient I/O error); it is kept as it is.
-    """
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise OSError(e.errno, f"checkpoint {path} could not be read ({e}); it is kept: rerun when the "
-                               f"file system answers again") from e
-    except Exception as e:  # truncated zip, unpickling refused, garbage bytes...
-        return _move_aside(path, e)
-    if not isinstance(ck, dict) or ck.get("format") != CKPT_FORMAT or _CKPT_FIELDS - set(ck):
-        return _move_aside(path, ValueError(f"not a format-{CKPT_FORMAT} checkpoint"))
-    if state_digest({k: v for k, v in ck.items() if k != "digest"}) != ck["digest"]:
-        return _move_aside(path, ValueError("its content does not match the digest written with it (damaged bytes)"))
-    return ck
-
-
-def _move_aside(path: Path, e: Exception) -> None:
-    bad = path.with_name(path.name + ".corrupt")
-    os.replace(path, bad)
-    print(f"checkpoint {path} is malformed ({type(e).__name__}: {str(e)[:200]}); moved to {bad}, starting from step 0",
-          flush=True)
-    return None
