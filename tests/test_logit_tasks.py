@@ -154,3 +154,14 @@ def test_sigkill_during_the_logit_store_build_reruns_only_the_unfinished_shards(
     ok, ran = run_graph(task)
     assert ok
     assert sorted(label for fam, label in ran if fam == "TeacherLogits") == sorted(plan - finished)
+
+
+def test_the_tiny_preset_heals_from_the_store_and_the_report_gives_its_cost(tmp_path, run_graph):
+    root = build_experiment(load_config("", "", "heal_topk_tiny"), str(tmp_path))
+    ok, ran = run_graph(root)
+    assert ok and ("TeacherLogitStore", "logits-top8-T1") in ran and ("Heal", "healed-3-top8-cached") in ran
+    rep = json.loads((root.out_dir / "report.json").read_text())
+    c = rep["logit_store"]
+    assert c["top_k"] == 8 and c["shards"] == 2 and c["build_seconds"] > 0
+    assert 68 <= c["bytes_per_token"] < 68 * 2  # the record's 68 bytes, HDF5 and checksums on top
+    assert "## Top-k logit store" in (root.out_dir / "report.md").read_text()
