@@ -30,6 +30,16 @@ from the page cache.
     paid once per TrainBlock) is printed apart.
 (c) ``identity``: a student block trained on the float32 store with ``train.prefetch`` 0 and 3
     ends with bitwise identical weights.
+(d) ``train-loop slowdown``: a training-like loop on one thread (``--ops`` small torch ops per step
+    on a 64 x 64 tensor, ``torch.set_num_threads(1)``: what a thread launching GPU kernels does)
+    that takes one batch per step, fed either from batches already in memory or by
+    :func:`zgcore.data.feed.block_batches` with two reader threads reading and checking ahead (a
+    synthetic store of ``--slowdown-hidden`` 2048 bfloat16, 256 tokens: 1 MiB per sequence, 16 MiB
+    per batch of both boundaries, :mod:`bench.store_scale`), and with two worker processes for
+    comparison: best of 3 interleaved runs each; the line gives time with readers / time without
+    - 1 (target < 0.05). On a machine with fewer free cores than threads, CPU contention is in
+    the figure as well as the GIL: the load average is printed beside it.
+    ``--slowdown-only`` runs just this part.
 """
 from __future__ import annotations
 
@@ -65,12 +75,17 @@ def parse(argv=None):
     p.add_argument("--batches", type=int, default=None, help="batches per simulated run (default 200; 40 quick)")
     p.add_argument("--workers", type=int, default=1, help="prefetching workers (train.prefetch_workers)")
     p.add_argument("--prefetch", type=int, default=None, help="batches ahead (default: train.prefetch's default)")
+    p.add_argument("--slowdown-only", action="store_true", help="only (d), the training-loop slowdown beside reader threads")
+    p.add_argument("--slowdown-hidden", type=int, default=2048, help="hidden size of (d)'s store (bfloat16)")
+    p.add_argument("--ops", type=int, default=300, help="small torch ops per training-like step in (d)")
+    p.add_argument("--steps", type=int, default=None, help="steps of (d) (default 120; 40 quick)")
     a = p.parse_args(argv)
     a.sequences = a.sequences or (48 if a.quick else 256)
     a.seq_len = a.seq_len or 256
     a.hidden = a.hidden or 576
     a.repeats = a.repeats or (3 if a.quick else 5)
     a.batches = a.batches or (40 if a.quick else 200)
+    a.steps = a.steps or (40 if a.quick else 120)
     return a
 
 
@@ -219,10 +234,67 @@ def identity(path: Path, model, a) -> bool:
     return weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+def _train_like(batches, n_ops: int) -> float:
+    """Seconds for a loop that takes a batch and runs ``n_ops`` small torch ops per step."""
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    t0 = time.perf_counter()
+    for _ in batches:
+        for _ in range(n_ops):
+            x = torch.tanh(x * 0.5 + 0.1)
+    return time.perf_counter() - t0
+
+
+def step_slowdown(root: Path, a, ahead: int) -> dict:
+    """(d): best-of-3 seconds of the training-like loop fed from memory, by two reader threads and
+    by two worker processes (interleaved), over ``a.steps`` batches of 8 random sequences."""
+    from bench.store_scale import write_store
+    from zgcore.data.boundary_store import BoundaryReader
+    from zgcore.data.feed import block_batches
+
+    n_seq = max(64, a.steps * 8 // 2)  # each sequence read about twice over the run: warm page cache
+    join = write_store(root / "slowdown", n_seq * 256 * a.slowdown_hidden * 2 / 1e9, a.slowdown_hidden, 256)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with BoundaryReader(join) as r:
+            n = r.n("train")
+            arms = {"memory": lambda: [b for b in block_batches(r, 0, 1, n, 0, 8, 0, a.steps, 0)],
+                    "threads": lambda: block_batches(r, 0, 1, n, 0, 8, 0, a.steps, ahead, workers=2, mode="thread"),
+                    "processes": lambda: block_batches(r, 0, 1, n, 0, 8, 0, a.steps, ahead, workers=2, mode="process")}
+            t0 = time.perf_counter()
+            preloaded = arms["memory"]()
+            read_s = (time.perf_counter() - t0) / a.steps
+            best = {k: float("inf") for k in arms}
+            for _ in range(3):
+                for k, make in arms.items():
+                    it = iter(preloaded) if k == "memory" else make()
+                    best[k] = min(best[k], _train_like(it, a.ops))
+                    getattr(it, "close", lambda: None)()
+    finally:
+        torch.set_num_threads(threads)
+    step_s = best["memory"] / a.steps
+    print(f"  (d) {a.steps} steps of {a.ops} small ops: {1e3 * step_s:.2f} ms per step alone; reading and checking one "
+          f"batch (16 MiB at hidden {a.slowdown_hidden}) takes {1e3 * read_s:.1f} ms on this thread", flush=True)
+    return {k: best[k] / best["memory"] - 1 for k in ("threads", "processes")}
+
+
 def main(argv=None) -> int:
+    import os
+
     from zgcore.config.defaults import DEFAULTS
 
     a = parse(argv)
+    if a.slowdown_only:
+        ahead = a.prefetch if a.prefetch is not None else int(DEFAULTS["train"]["prefetch"])
+        root = Path(tempfile.mkdtemp(prefix="data_feed-"))
+        try:
+            slow = step_slowdown(root, a, ahead)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        load = os.getloadavg()
+        print(f"train-loop slowdown two reader threads {slow['threads']:.3f} two worker processes {slow['processes']:.3f} "
+              f"(load average {load[0]:.1f} on {os.cpu_count()} cores)")
+        return 0
     ahead = a.prefetch if a.prefetch is not None else int(DEFAULTS["train"]["prefetch"])
     torch.manual_seed(0)
     root = Path(tempfile.mkdtemp(prefix="data_feed-"))

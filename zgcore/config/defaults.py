@@ -103,7 +103,7 @@ DEFAULTS: dict[str, Any] = {
         # synchronously); same order and bytes either way, so not hashed (zgcore.data.feed)
         "prefetch": 2,
         "prefetch_workers": 1,  # workers reading ahead (each reads every n-th batch); not hashed
-        "prefetch_mode": "thread",  # "thread" (format-4 reads release the GIL) or "process" (DataLoader); not hashed
+        "prefetch_mode": "thread",  # "thread" (reads release the GIL per call; bench/README.md) or "process" (DataLoader); not hashed
         "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.training.watch); not hashed
         # local auxiliary terms through the teacher's frozen head (zgcore.training.objectives.aux_losses); 0 = off, not hashed
         "ce_weight": 0.0,  # next-token cross-entropy

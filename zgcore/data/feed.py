@@ -5,11 +5,13 @@ same order and with the same bytes as a synchronous read.
 Two kinds of worker (``train.prefetch_mode``):
 
 * ``"thread"`` (default): threads of this process, each iterating its share of the batches into a
-  queue bounded by a semaphore (the standard library's ``threading`` and ``queue``). A format-4
-  store is read with ``os.preadv`` and checked with xxh3 and numpy's ``isfinite``, all of which
-  release the GIL, so a reading thread does not hold up the training thread, and a batch reaches
-  the step as the very tensor the worker filled: no copy into shared memory and no file
-  descriptor passed per tensor. Measured (``bench/data_feed.py``), handing a batch over from a
+  queue bounded by a semaphore (the standard library's ``threading`` and ``queue``). A format-4/5
+  store is read with ``os.preadv`` and checked with xxh3 and numpy, each call of which releases
+  the GIL (and takes it back: about four hand-overs per sequence read), and a batch reaches the
+  step as the very tensor the worker filled: no copy into shared memory and no file descriptor
+  passed per tensor. Measured (``bench/data_feed.py --slowdown-only``, 2 shared cores at load
+  ~11), two reader threads slowed a training-like loop of small torch ops by 17% (worker
+  processes: 82%), CPU contention and GIL hand-overs together; the 5% target is not shown. Measured (``bench/data_feed.py``), handing a batch over from a
   worker *process* cost the consumer ~1-5 ms per batch (DataLoader's ``file_descriptor`` sharing
   connects to the worker per tensor), more than 5% of a 20 ms step.
 * ``"process"``: PyTorch's own :class:`torch.utils.data.DataLoader` (worker processes over an
