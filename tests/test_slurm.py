@@ -88,6 +88,18 @@ def doc_commands() -> list[list[str]]:
     return cmds
 
 
+def dependent_job_runs(job: str, marker: Path, env: dict, timeout_s: float = 300) -> bool:
+    """Submit a job with ``--dependency=afterok:<job>`` that creates ``marker``; wait for it. True
+    when it ran (Slurm starts it only if ``job`` ended COMPLETED)."""
+    r = subprocess.run(["sbatch", "--parsable", f"--dependency=afterok:{job}", "--kill-on-invalid-dep=yes",
+                        f"--output={marker}.log", "--time=00:02:00", "--wrap", f"touch {marker}"],
+                       env=env, capture_output=True, text=True, check=True)
+    dep, deadline = r.stdout.strip().split(";")[0], time.time() + timeout_s
+    while any(line.split()[0] == dep for line in squeue(env) if line.strip()) and time.time() < deadline:
+        time.sleep(0.5)
+    return marker.exists()
+
+
 def worker_logs(outputs: Path) -> dict[str, str]:
     """Each worker job's log text by job id (``<array>_<index>``)."""
     return {p.stem.removeprefix("worker-"): p.read_text() for p in sorted(outputs.glob("slurm/*/logs/worker-*.log"))}
@@ -133,7 +145,11 @@ def test_the_guide_commands_work_on_the_test_cluster(cluster, tmp_path):
             assert r.returncode == 0, (args, r.stdout[-3000:], r.stderr[-3000:])
             report = Path(re.search(r"^report: (.*)$", r.stdout, re.M)[1])
             assert report.is_file() and report.read_text().startswith("# ZeroGraph report — tiny")
-            assert re.search(r"job \d+_0: (COMPLETED|FAILED)", r.stdout) and re.search(r"job \d+_1: ", r.stdout)
+            # every worker job of a complete run ends COMPLETED (exit 0), so afterok chains work
+            assert re.search(r"job \d+_0: COMPLETED exit 0", r.stdout) and re.search(r"job \d+_1: COMPLETED exit 0", r.stdout), r.stdout
+            assert "pre-flight: " in r.stdout and "reaches luigid" in r.stdout
+            array = re.search(r"submitted job array (\d+)", r.stdout)[1]
+            assert dependent_job_runs(array, tmp_path / f"after-{array}", cluster)
     TIMINGS["guide commands"] = time.monotonic() - t0
 
 
@@ -202,11 +218,12 @@ def test_two_worker_jobs_share_the_work_once_each_and_match_a_local_run(cluster,
     assert a == b and a["cross_entropy"]["student"] > 0
 
 
-def test_a_cancelled_worker_job_is_recovered_by_rerunning_the_launcher(cluster, tmp_path):
-    """scancel the job training block 0 (Slurm's SIGTERM, then SIGKILL): the other job finishes its
-    own block and stops once luigid fails the lost worker's task (worker_disconnect_delay: 5 s in
-    this test's luigi.cfg, Luigi's default 60 s); the experiment is not complete (status exit 1);
-    rerunning the launcher resumes block 0 from its checkpoint and completes it (exit 0)."""
+def test_a_cancelled_worker_job_is_replaced_by_the_other_which_ends_completed(cluster, tmp_path):
+    """scancel the job training block 0 (Slurm's SIGTERM, then SIGKILL) after its first checkpoint:
+    luigid fails the lost worker's task (worker_disconnect_delay: 5 s in this test's luigi.cfg,
+    Luigi's default 60 s) and the other job takes it over, resumes it from its checkpoint,
+    completes the experiment and ends COMPLETED (exit 0); a job submitted with
+    --dependency=afterok on it runs; status exits 0 and a relaunch submits nothing."""
     parser = configparser.ConfigParser()
     parser.read(ROOT / "luigi.cfg")
     parser["scheduler"]["worker_disconnect_delay"] = "5"
@@ -228,29 +245,69 @@ def test_a_cancelled_worker_job_is_recovered_by_rerunning_the_launcher(cluster, 
                            if "running   TrainBlock(block0-" in text), None)
         time.sleep(0.1)
     assert victim is not None, "block 0 never wrote a checkpoint"
+    survivor = f"{array}_{1 - int(victim.split('_')[1])}"
+    marker = tmp_path / "after-survivor"
+    dep = subprocess.run(["sbatch", "--parsable", f"--dependency=afterok:{survivor}", "--kill-on-invalid-dep=yes",
+                          f"--output={marker}.log", "--time=00:02:00", "--wrap", f"touch {marker}"],
+                         env=env, capture_output=True, text=True, check=True)
     subprocess.run(["scancel", victim], env=env, check=True)
-    while any(line.startswith(array) for line in squeue(env)) and time.time() < deadline:
+    deadline = time.time() + 600
+    while squeue(env) and time.time() < deadline:  # the array and the dependent job
         time.sleep(0.5)
     assert not squeue(env), squeue(env)
+    TIMINGS["cancel, take over and complete"] = time.monotonic() - t0
 
     st = zg(["slurm", "status", "--preset", "tiny", *opts], env)
-    assert st.returncode == 1 and f"job {victim}: CANCELLED" in st.stdout, st.stdout + st.stderr
-    assert "not complete" in st.stderr and "TrainBlock block0" in st.stderr
-
-    again = zg([*LAUNCH, *opts], env)
-    TIMINGS["cancel and recover"] = time.monotonic() - t0
-    assert again.returncode == 0 and "complete: every task is done" in again.stdout, again.stdout + again.stderr
-    rerun_logs = {k: v for k, v in worker_logs(out).items() if not k.startswith(array + "_")}
-    assert len(rerun_logs) == 2 and "resumed from step" in "".join(rerun_logs.values())
-    # the rerun ran only what was missing: block 0 (resumed), then the assembly and the evaluation
-    rerun_done = sorted(line.split(" done      ")[1] for text in rerun_logs.values() for line in text.splitlines()
-                        if " done      " in line)
-    assert [d.split("(")[0] for d in rerun_done] == ["Assemble", "Evaluate", "RunExperiment", "TrainBlock"], rerun_done
-    assert rerun_done[-1].startswith("TrainBlock(block0-"), rerun_done
-    assert zg(["slurm", "status", "--preset", "tiny", *opts], env).returncode == 0
-    # a complete experiment: the launcher submits nothing more
+    assert st.returncode == 0 and "complete: every task is done" in st.stdout, st.stdout + st.stderr
+    assert f"job {victim}: CANCELLED" in st.stdout and f"job {survivor}: COMPLETED exit 0" in st.stdout, st.stdout
+    text = worker_logs(out)[survivor]
+    assert "resumed from step" in text and "[TrainBlock block0-" in text  # it took block 0 over
+    assert marker.exists(), dep.stdout  # afterok on the surviving job: it ran
     done = zg([*LAUNCH, *opts], env)
     assert done.returncode == 0 and "already complete, nothing submitted" in done.stdout
+
+
+def test_a_node_that_cannot_see_the_outputs_or_reach_luigid_fails_before_submission(cluster, tmp_path, monkeypatch):
+    """The pre-flight probe (srun on the partition) before the array is submitted: an outputs folder
+    the node does not see (a tmpfs mounted only in the launcher's own mount namespace, unshare -m)
+    and a luigid port nothing answers on each fail in one line, exit 2, nothing submitted."""
+    before = squeue(cluster)
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    zerograph = Path(sys.executable).parent / "zerograph"
+    launch = shlex.join([str(zerograph), *LAUNCH, "--outputs", str(hidden)])
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "bash", "-c",
+                        f"mount -t tmpfs tmpfs {shlex.quote(str(hidden))} && exec {launch}"],
+                       env=cluster, capture_output=True, text=True, timeout=600, check=False)
+    if r.returncode != 2 and "mount" in r.stderr and "permission" in r.stderr.lower():
+        pytest.skip(f"no private mounts here: {r.stderr.strip()}")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.stdout, r.stderr)
+    assert lines[0].startswith("error: pre-flight") and "does not see the outputs folder" in lines[0], lines
+    assert "submitted" not in r.stdout and not list(hidden.iterdir())  # the node's view: nothing there
+
+    from workflows import slurm
+
+    monkeypatch.setattr(slurm, "start_luigid", lambda folder, port, cfg: 2 ** 22 + 1)  # nothing listens on the port
+    out = tmp_path / "shared"
+    r = zg([*LAUNCH, "--outputs", str(out)], cluster)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "cannot connect to luigid" in lines[0], (r.stdout, r.stderr)
+    assert squeue(cluster) == before
+    assert all(not la.get("array_job") for la in json.loads(next(out.glob("slurm/*/launch.json")).read_text())["launches"])
+
+
+def test_dry_run_prints_the_job_script_with_slurm_stopped(cluster, tmp_path):
+    """A Slurm whose controller does not answer (a copy of the test cluster's slurm.conf pointing at a
+    port nothing listens on): --dry-run still prints the job script, with placeholders for luigid."""
+    conf = tmp_path / "slurm.conf"
+    text = Path(cluster["SLURM_CONF"]).read_text()
+    conf.write_text(re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=9", text))
+    r = zg([*LAUNCH, "--outputs", str(tmp_path / "o"), "--dry-run"], {**cluster, "SLURM_CONF": str(conf)})
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --array=0-1" in r.stdout and "Slurm did not answer" in r.stdout, r.stdout
+    assert "--scheduler-port LUIGID_PORT" in r.stdout and "set -Eeuo pipefail" in r.stdout
+    assert not (tmp_path / "o").exists()
 
 
 def test_bad_launches_fail_in_one_line_before_anything_is_submitted(cluster, tmp_path, monkeypatch):
@@ -316,3 +373,9 @@ def test_a_job_runs_one_worker_per_gpu_slurm_gave_it_with_its_share_of_the_cpus(
     assert r.returncode == 0 and workers == ["worker  8"], (r.stdout, r.stderr)
     _, r, workers = run(1, {"SLURM_CPUS_PER_TASK": "8"}, seen=False)
     assert r.returncode == 2 and not workers and r.stderr.count("\n") == 1 and "does not see" in r.stderr
+    # the first command that fails stops the job, with a line in its log saying which
+    script, _, _ = run(0, {"SLURM_CPUS_PER_TASK": "8"})
+    broken = script.replace(f"cd {shlex.quote(str(ROOT))}", "cd /nonexistent/repository", 1)
+    r = subprocess.run(["bash", "-c", broken], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert r.returncode != 0 and "zerograph worker: job" not in r.stdout, r.stdout
+    assert re.search(r"error: zerograph worker on \S+: line \d+: cd /nonexistent/repository failed", r.stderr), r.stderr

@@ -41,6 +41,7 @@ import typer.core
 from .slurm_cluster import (ACTIVE, ROOT, SLURM_TOOLS, UsageError, job_states, local_folder_reason, luigi_cfg_path,
                             partition_nodes, scheduler_address, short_host, start_luigid, stop_luigid, free_port,
                             worker_script, write_luigid_cfg, slurm)
+from .slurm_probe import preflight
 from .slurm_graph import (active_jobs, experiment_id, experiment_options, fail, load_record, make_workflow,
                           missing_tasks, print_jobs, record_path, reports, save_record, stop_idle_luigids)
 
@@ -109,11 +110,21 @@ def launch(workflow: str = WorkflowArg,
                                                         help="this host's name as the nodes reach it (default: its FQDN)"),
            scheduler_port: int = typer.Option(0, "--scheduler-port", help="luigid's port (default: a free one)"),
            poll: float = typer.Option(5.0, "--poll", help="seconds between job-state checks while waiting"),
-           dry_run: bool = typer.Option(False, "--dry-run", help="print the job script; start and submit nothing")):
+           dry_run: bool = typer.Option(False, "--dry-run", help="print the job script; start and submit nothing "
+                                                                 "(works without a reachable cluster: placeholders)"),
+           preflight_check: bool = typer.Option(True, "--preflight/--no-preflight",
+                                                help="run a short probe job on the partition before submitting"),
+           probe_timeout: float = typer.Option(600.0, "--probe-timeout", help="seconds to wait for the probe job")):
     """Prepare the inputs here, start luigid here, submit N worker jobs, wait for them.
 
     Exits 0 when every task of the workflow is complete, 1 when the jobs ended with work left
     (rerun the same command: only what is missing runs), 2 on bad input (nothing submitted)."""
+    if dry_run:  # the job script, with placeholders where only a running cluster can answer
+        set_, wf, exp = _resolve(workflow, config, set, preset, outputs, gpus_per_worker)
+        typer.echo(_dry_run(workflow, exp, experiment_options(config, set_, preset, outputs), workers, gpus_per_worker,
+                            cpus_per_worker, partition, time_limit, mem, outputs, shlex.split(sbatch_args),
+                            scheduler_host, scheduler_port))
+        return
     _check_tools()
     set_, wf, exp = _resolve(workflow, config, set, preset, outputs, gpus_per_worker)
     try:
@@ -121,23 +132,16 @@ def launch(workflow: str = WorkflowArg,
         reason = local_folder_reason(Path(outputs))
         if reason and {short_host(n) for n in nodes} != {short_host(socket.gethostname())}:
             raise UsageError(f"--outputs {outputs} is not shared by the nodes of the partition: {reason}")
+        sched_host = scheduler_host or scheduler_address(nodes)
     except UsageError as e:
         fail(str(e))
     folder = Path(outputs) / "slurm" / exp
     options = experiment_options(config, set_, preset, outputs)
     extra = shlex.split(sbatch_args)
-    try:
-        sched_host = scheduler_host or scheduler_address(nodes)
-    except UsageError as e:
-        fail(str(e))
     port = scheduler_port or free_port()
     script = worker_script(folder, workflow, options, workers=workers, gpus=gpus_per_worker, cpus=cpus_per_worker,
                            partition=partition, time_limit=time_limit, mem=mem, sched_host=sched_host,
                            sched_port=port, name=f"zg-{exp}"[:60], extra=extra)
-    if dry_run:
-        typer.echo(f"# experiment {exp}; would write {folder}/worker.sbatch and run: sbatch --parsable {folder}/worker.sbatch")
-        typer.echo(script)
-        return
     test = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=120)
     if test.returncode != 0:
         fail(f"sbatch refused the job: {(test.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -161,9 +165,7 @@ def launch(workflow: str = WorkflowArg,
     script_path.write_text(script)
 
     rec.update(experiment=exp, workflow=workflow, options=options, root=str(ROOT))
-    save_record(rec_path, rec)  # the job script checks that it sees this file (a shared folder)
-    typer.echo(f"{exp}: preparing the teacher and corpus here (log: {folder / 'logs' / 'prepare.log'})")
-    _prepare(workflow, config, set_, preset, outputs, folder)
+    save_record(rec_path, rec)  # the job script and the pre-flight probe check that a node sees this file
 
     cfg, gpu_limit = write_luigid_cfg(folder, workers * gpus_per_worker)
     if gpus_per_worker and gpu_limit < workers * gpus_per_worker:
@@ -177,6 +179,16 @@ def launch(workflow: str = WorkflowArg,
                   "script": str(script_path),
                   "luigid": {"host": sched_host, "port": port, "pid": pid, "started_on": socket.gethostname(),
                              "state": str(folder / "luigid-state.pickle"), "config": str(cfg)}}
+    if preflight_check:
+        try:
+            node = preflight(folder, sched_host, port, partition, extra, timeout_s=probe_timeout)
+        except UsageError as e:
+            stop_luigid(launch_rec["luigid"])
+            fail(str(e))
+        typer.echo(f"pre-flight: {node} sees the repository, its Python and {outputs}, and reaches luigid at "
+                   f"{sched_host}:{port}")
+    typer.echo(f"{exp}: preparing the teacher and corpus here (log: {folder / 'logs' / 'prepare.log'})")
+    _prepare(workflow, config, set_, preset, outputs, folder, on_failure=lambda: stop_luigid(launch_rec["luigid"]))
     r = slurm("sbatch", "--parsable", str(script_path), check=False)
     if r.returncode != 0:
         stop_luigid(launch_rec["luigid"])
@@ -197,9 +209,31 @@ def _cmd_options(workflow: str, options: list[str]) -> str:
     return shlex.join([workflow, *options])
 
 
-def _prepare(workflow: str, config: str, set_: str, preset: Optional[str], outputs: str, folder: Path) -> None:
+def _dry_run(workflow: str, exp: str, options: list[str], workers: int, gpus: int, cpus: int, partition, time_limit,
+             mem, outputs: str, extra: list[str], scheduler_host, scheduler_port: int) -> str:
+    """What ``--dry-run`` prints: the job script as a launch would write it. With Slurm stopped or
+    unreachable the partition is not checked and luigid's address is a placeholder (said in a comment)."""
+    folder = Path(outputs) / "slurm" / exp
+    note = ""
+    try:
+        sched_host = scheduler_host or scheduler_address(partition_nodes(partition))
+        port: int | str = scheduler_port or free_port()
+    except (UsageError, OSError, subprocess.SubprocessError) as e:
+        sched_host = scheduler_host or "LUIGID_HOST"
+        port = scheduler_port or "LUIGID_PORT"
+        note = (f"\n# Slurm did not answer ({str(e).splitlines()[0] if str(e) else type(e).__name__}): the partition is not "
+                "checked; LUIGID_HOST and LUIGID_PORT stand for what a launch chooses")
+    script = worker_script(folder, workflow, options, workers=workers, gpus=gpus, cpus=cpus, partition=partition,
+                           time_limit=time_limit, mem=mem, sched_host=sched_host, sched_port=port,
+                           name=f"zg-{exp}"[:60], extra=extra)
+    return (f"# experiment {exp}; would write {folder}/worker.sbatch and run: sbatch --parsable "
+            f"{folder}/worker.sbatch{note}\n{script}")
+
+
+def _prepare(workflow: str, config: str, set_: str, preset: Optional[str], outputs: str, folder: Path,
+             on_failure=lambda: None) -> None:
     """Build the workflow's teacher and corpus here (``PrepareFor`` with Luigi's local scheduler);
-    exits 1 with the log's tail when that fails."""
+    exits 1 with the log's tail when that fails (after ``on_failure()``: the launcher stops luigid)."""
     args = [sys.executable, "-m", "luigi", "--module", "workflows.slurm_graph", "PrepareFor", "--local-scheduler", "--no-lock",
             "--workflow", workflow, "--config", config, "--set", set_, "--outputs", outputs]
     if preset is not None:
@@ -209,6 +243,7 @@ def _prepare(workflow: str, config: str, set_: str, preset: Optional[str], outpu
         r = subprocess.run(args, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                            env={**os.environ, "LUIGI_CONFIG_PATH": str(luigi_cfg_path())})
     if r.returncode != 0:
+        on_failure()
         typer.echo(log.read_text()[-3000:], err=True)
         typer.echo(f"error: preparing the teacher and corpus failed (exit {r.returncode}; log: {log}); nothing submitted",
                    err=True)
@@ -300,7 +335,10 @@ def cancel(workflow: str = WorkflowArg, config: str = ConfigOpt, set: list[str] 
     ids = [la["array_job"] for la in rec["launches"] if la.get("array_job")]
     running = active_jobs(rec)
     if running:
-        slurm("scancel", *sorted({j.split("_")[0] for j in running}))
+        try:
+            slurm("scancel", *sorted({j.split("_")[0] for j in running}))
+        except UsageError as e:  # e.g. not the jobs' owner, or the controller does not answer
+            fail(f"{e}; the jobs {', '.join(running)} were not cancelled")
         typer.echo(f"cancelled {', '.join(running)}")
         for _ in range(120):  # scancel returns at once; wait for the jobs to end (KillWait)
             if not active_jobs(rec):

@@ -251,13 +251,15 @@ def stop_luigid(info: dict[str, Any]) -> bool:
 
 def worker_script(folder: Path, workflow: str, options: list[str], *, workers: int, gpus: int, cpus: int,
                   partition: Optional[str], time_limit: Optional[str], mem: Optional[str], sched_host: str,
-                  sched_port: int, name: str, extra: list[str]) -> str:
+                  sched_port: int | str, name: str, extra: list[str]) -> str:
     """The sbatch script of the worker job array (one array element per worker job).
 
     Each element runs one ``luigi`` worker per GPU Slurm gave it (``CUDA_VISIBLE_DEVICES``), or one
     on CPU, with ``OMP_NUM_THREADS`` = the job's CPUs / workers. 90 s before the time limit Slurm
     sends USR1 (``--signal=B:USR1@90``) and the job requeues itself (``--requeue`` also lets Slurm
-    requeue it on preemption or node failure); an interrupted ``TrainBlock`` resumes from its checkpoint."""
+    requeue it on preemption or node failure); an interrupted ``TrainBlock`` resumes from its checkpoint.
+    The script stops at the first command that fails (``set -Eeuo pipefail``), naming it in the job's log.
+    ``sched_port`` may be a placeholder string (``--dry-run`` without a cluster)."""
     sb = [f"--job-name={name}", f"--array=0-{workers - 1}", f"--cpus-per-task={cpus}", "--nodes=1", "--ntasks=1",
           f"--output={folder}/logs/worker-%A_%a.log", "--open-mode=append", "--requeue",
           f"--signal=B:{REQUEUE_SIGNAL}"]
@@ -275,7 +277,9 @@ def worker_script(folder: Path, workflow: str, options: list[str], *, workers: i
     return f"""#!/bin/bash
 {head}
 # Written by `zerograph slurm` (workflows/slurm.py) for {folder.name}.
-set -u
+# Stop at the first command that fails, with a line in this log saying which.
+set -Eeuo pipefail
+trap 'echo "error: zerograph worker on $(hostname): line $LINENO: $BASH_COMMAND failed (exit $?)" >&2' ERR
 cd {shlex.quote(str(ROOT))}
 export LUIGI_CONFIG_PATH={shlex.quote(str(luigi_cfg_path()))} PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 if [ ! -e {shlex.quote(str(folder / 'launch.json'))} ]; then
@@ -296,14 +300,14 @@ for slot in "${{slots[@]}}"; do
 done
 requeue() {{
   echo "zerograph worker: time limit near, requeueing job $SLURM_JOB_ID (a TrainBlock resumes from its checkpoint)"
-  kill -TERM "${{pids[@]}}" 2>/dev/null
-  scontrol requeue "$SLURM_JOB_ID"
+  kill -TERM "${{pids[@]}}" 2>/dev/null || true
+  scontrol requeue "$SLURM_JOB_ID" || echo "zerograph worker: scontrol requeue $SLURM_JOB_ID failed" >&2
 }}
 trap requeue USR1
 rc=0
 for p in "${{pids[@]}}"; do
-  while kill -0 "$p" 2>/dev/null; do wait "$p"; done
-  wait "$p"; code=$?; [ $code -eq 0 ] || rc=$code
+  while kill -0 "$p" 2>/dev/null; do wait "$p" || true; done  # a trapped signal ends a wait early
+  code=0; wait "$p" || code=$?; [ $code -eq 0 ] || rc=$code
 done
 echo "zerograph worker: luigi exited $rc (the launcher judges the experiment from its outputs)"
 exit $rc
