@@ -71,10 +71,10 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
         out.pop(k, None)
     if out.get("intermediate_size") is None:
         out.pop("intermediate_size", None)
-    if out.get("kv_heads") is None:
-        out.pop("kv_heads", None)
         if out.get("keep") != "importance":
             out.pop("importance_sequences", None)
+    if out.get("kv_heads") is None:
+        out.pop("kv_heads", None)
     if out.get("lrs"):
         out.pop("lr", None)
     else:
