@@ -11,6 +11,9 @@ import luigi
 from zgcore.data import corpus
 from zgcore.training import distill as zdistill
 from zgcore.atomic import write_json, write_text
+from zgcore.evaluation.compare import descriptive as describe_only
+from zgcore.evaluation.flops import arm_flops
+from zgcore.evaluation.report import plumbing_check
 from zgcore.evaluation.compare import SCORES, check_same_sequences, load_scores, save_scores, scores_part
 from zgcore.config.distill import distill_hashed
 from zgcore.training.loop import FINAL_STATE, LOSS_LOG
@@ -210,7 +213,8 @@ class EvaluateStudent(_StudentTask):
 
     # 2: random test subset (eval.max_sequences, eval.subset_seed), per-sequence CE, eval.extra corpora
     # 3: a search candidate is scored outside the test subset
-    code_version = 3
+    # 4: each scored row's document id in per_sequence_ce.json
+    code_version = 4
     eval = luigi.DictParameter(visibility=HIDDEN)
     distill = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(default={}, visibility=HIDDEN, description="DistillE2E's heal (budget matching)")
@@ -252,6 +256,8 @@ class EvaluateStudent(_StudentTask):
         pick = metrics.tune_subset if self.eval.get("tune") else metrics.eval_subset
         rows = pick(len(val_all), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
         val = val_all[rows]
+        docs = corpus.read_documents(req["corpus"].out_dir / "tokens.h5", "val")
+        docs = None if docs is None else docs[rows]
         model = AutoModelForCausalLM.from_pretrained(student_dir(req["model"]), dtype=torch.float32).to(self.device)
         per_seq = metrics.sequence_cross_entropy(model, val, int(self.eval["batch_size"]), desc="CE e2e")
         ce = float(per_seq.mean())
@@ -262,7 +268,7 @@ class EvaluateStudent(_StudentTask):
         with self.building() as tmp:
             write_json(tmp / "eval.json", {"ce": ce, "context_use": cu, "val_tokens": int(val.size),
                                            "subset_sha256": compare.subset_digest(rows), "extra": extra})
-            compare.save_scores(tmp / compare.SCORES, compare.scores_part({"student": per_seq}, rows), extra_scores)
+            compare.save_scores(tmp / compare.SCORES, compare.scores_part({"student": per_seq}, rows, docs), extra_scores)
         self.log(f"held-out CE {ce:.4f} nats/token")
 
 
@@ -273,7 +279,8 @@ def arm_scores(req: dict) -> tuple[dict[str, Any], Any]:
     parts = {k: load_scores(t.out_dir / SCORES)["val"] for k, t in req.items()
              if k in ("blockwise", "healed") or isinstance(t, EvaluateStudent)}
     check_same_sequences([p["subset_sha256"] for p in parts.values()], "distillation study's arms")
-    return {k: p["ce"]["student"] for k, p in parts.items()}, next(iter(parts.values()))["rows"]
+    first = next(iter(parts.values()))
+    return {k: p["ce"]["student"] for k, p in parts.items()}, first["rows"], first.get("documents")
 
 
 class DistillStudyReport(_StudentTask):
@@ -287,7 +294,9 @@ class DistillStudyReport(_StudentTask):
     # 3: arm (d) end to end at the blockwise + healing budget; each arm's lr and lr search
     # 4: comparisons (paired bootstrap over held-out sequences), the arms' per_sequence_ce.json, eval.extra per arm
     # 5: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
-    code_version = 5
+    # 6: method comparisons over training runs (fewer than 3: not resolved), Holm-adjusted; documents resampled;
+    #    FLOPs per arm; a plumbing check (smoke preset, random teacher) gives no verdict
+    code_version = 6
     uses_device = False  # reads the arms' results only
     eval = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(visibility=HIDDEN)
@@ -371,14 +380,26 @@ class DistillStudyReport(_StudentTask):
         e2e_extra = {k: json.loads((req[k].out_dir / "eval.json").read_text()).get("extra") or [] for k in ("e2e", "e2e_healed")}
         rep["extra"] = distill_report.extra_rows({"blockwise": a.get("extra") or [], "healed": c.get("extra") or [],
                                                   **e2e_extra}, a.get("extra") or [])
-        scores, rows = arm_scores(req)
+        scores, rows, docs = arm_scores(req)
         seed = int(self.blocks[0]["seed"])
         rep["seeds"] = [seed]
-        rep["comparisons"] = distill_report.comparisons({k: {seed: v} for k, v in scores.items()})
+        rep["comparisons"] = distill_report.comparisons({k: {seed: v} for k, v in scores.items()}, groups=docs)
+        rep["descriptive"] = plumbing_check(self.teacher)
+        if rep["descriptive"]:
+            describe_only(rep["comparisons"])
+        if a.get("parameters"):
+            n_cache = (cache["n_train"] + cache["n_val"]) if "cache" in req else None
+            steps = {"e2e": {"steps": e2e["steps"], "batch_size": int(self.distill["batch_size"])},
+                     "e2e_healed": {"steps": e2e_h["steps"], "batch_size": int(self.distill["batch_size"])}}
+            for arm_ in arms:
+                arm_["flops"] = arm_flops(arm_["name"], seq, a["parameters"]["teacher"], a["parameters"]["student"], a["blocks"],
+                                          [int(t["batch_size"]) for t in self.blocks], e2e=steps.get(arm_["name"]),
+                                          heal={"steps": int(self.heal["steps"]), "batch_size": int(self.heal["batch_size"])},
+                                          cache_sequences=n_cache)
         untrained = load_scores(req["blockwise"].out_dir / SCORES)["val"]["ce"]["untrained"]
         distill_report.verdict_gates(arms, scores, untrained, seed)  # a gate passes only on a resolved verdict
         with self.building() as tmp:
             write_json(tmp / "report.json", rep)
-            save_scores(tmp / SCORES, scores_part(scores, rows))
+            save_scores(tmp / SCORES, scores_part(scores, rows, docs))
             write_text(tmp / "report.md", distill_report.markdown(rep))
         print(f"\nReport: {self.out_dir / 'report.md'}\n\n" + distill_report.markdown(rep), flush=True)

@@ -19,7 +19,8 @@ class DistillSeedsReport(ZGTask):
     seed and mean ± std, and comparisons pooled over seeds (``report.json``, ``report.md``)."""
 
     # 2: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
-    code_version = 2
+    # 3: method comparisons over training runs (fewer than 3: not resolved; Holm-adjusted), documents, FLOPs, plumbing checks
+    code_version = 3
     uses_device = False  # reads the per-seed reports only
     teacher = luigi.Parameter()
     corpus = luigi.DictParameter(visibility=HIDDEN)
@@ -46,7 +47,7 @@ class DistillSeedsReport(ZGTask):
         reports = [json.loads((t.out_dir / "report.json").read_text()) for t in self.requires()]
         parts = [load_scores(t.out_dir / SCORES)["val"] for t in self.requires()]
         check_same_sequences([p["subset_sha256"] for p in parts], "seeds")
-        rep = distill_report.seeds_report(self.name, seeds, reports, [p["ce"] for p in parts])
+        rep = distill_report.seeds_report(self.name, seeds, reports, [p["ce"] for p in parts], groups=parts[0].get("documents"))
         rep["reports"] = [str(t.out_dir / "report.md") for t in self.requires()]
         with self.building() as tmp:
             write_json(tmp / "report.json", rep)

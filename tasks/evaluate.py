@@ -10,6 +10,7 @@ from zgcore.data import corpus
 from zgcore.evaluation import heldout_score, metrics, plots, report as zreport
 from zgcore.models.adapters import assemble
 from zgcore.atomic import write_json, write_text
+from zgcore.evaluation.flops import model_parameters
 from zgcore.evaluation.compare import SCORES, save_scores, scores_part, subset_digest
 
 from .assemble import Assemble, _StudentTask
@@ -29,7 +30,9 @@ class Evaluate(_StudentTask):
 
     # 2: random test subset (eval.max_sequences, eval.subset_seed), per-sequence CE, eval.extra corpora, comparisons
     # 3: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
-    code_version = 3
+    # 4: fixed-model comparisons labelled "unit": "sequence", resampling documents; each scored row's document id;
+    #    parameters per decoder layer and LM head of the teacher and the student (for FLOPs)
+    code_version = 4
     eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
     heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,
@@ -71,6 +74,8 @@ class Evaluate(_StudentTask):
         val_all = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
         rows = metrics.eval_subset(len(val_all), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
         val = val_all[rows]
+        docs = corpus.read_documents(req["corpus"].out_dir / "tokens.h5", "val")
+        docs = None if docs is None else docs[rows]
         model_dir = req["assemble"].out_dir / "model"
         student = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         untrained = assemble(teacher, load_blocks(teacher, req["blocks"], "init"))
@@ -89,9 +94,10 @@ class Evaluate(_StudentTask):
              "subset": {"sequences": int(len(rows)), "of": int(len(val_all)), "seed": int(self.eval["subset_seed"]),
                         "sha256": subset_digest(rows)}, "extra": extra,
              "layers": {k: m.config.get_text_config().num_hidden_layers for k, m in models},
+             "parameters": {k: model_parameters(m) for k, m in models if k != "untrained"},
              "blocks": blocks, "model_dir": str(model_dir), "sample": sample, "context_use": cu,
              "heal_steps": int(self.heal.get("steps", 0)),
-             "comparisons": zreport.model_comparisons(per_seq, int(self.blocks[0]["seed"]), extra_scores),
+             "comparisons": zreport.model_comparisons(per_seq, int(self.blocks[0]["seed"]), extra_scores, docs),
              "context_window": int(self.eval["context_window"]), "context_sequences": min(int(self.eval["context_sequences"]), len(val)),
              "shift": metrics.boundary_shift(teacher, load_blocks(teacher, req["blocks"], "block"), bounds, val[:n_shift])},
             self.eval)
@@ -104,7 +110,7 @@ class Evaluate(_StudentTask):
         with self.building() as tmp:
             write_json(tmp / "report.json", report)
             write_text(tmp / "report.md", zreport.report_markdown(report))
-            save_scores(tmp / SCORES, scores_part(per_seq, rows), extra_scores)
+            save_scores(tmp / SCORES, scores_part(per_seq, rows, docs), extra_scores)
             plots.loss_curves([(f"block {t.block}", t.out_dir / "loss_log.csv") for t in req["blocks"]], tmp / "loss_curves.png")
             plots.drift(report["shift"], tmp / "drift.png")
         print(f"\nReport: {self.out_dir / 'report.md'}\n{zreport.summary_line(report)}", flush=True)

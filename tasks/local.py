@@ -1,5 +1,5 @@
 """Greedy local learning graph: PrepareTeacher (tokenizer only) → PrepareCorpus →
-PretrainLocal(config) → EvaluateLocal(config) → LocalStudyReport.
+PretrainLocal(config) → EvaluateLocal(config) → LocalStudyReport (:mod:`tasks.local_report`).
 
 Every PretrainLocal of a study reads the same token store with the same data seed, batch size
 and budget, so all configurations see the same tokens in the same order.
@@ -25,7 +25,7 @@ from zgcore import local as zlocal
 from zgcore.evaluation import compare, metrics
 from zgcore.data import corpus
 from zgcore.training import lr_search
-from zgcore.atomic import write_json, write_text
+from zgcore.atomic import write_json
 from zgcore.training.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 from zgcore.threads import decoder_params
 
@@ -57,6 +57,7 @@ class _LocalTask(ZGTask):
                                           description="PretrainLocal: steps between checkpoints (not hashed)")
     tensorboard = luigi.BoolParameter(default=True, significant=False, parsing=luigi.BoolParameter.EXPLICIT_PARSING,
                                       description="PretrainLocal: write TensorBoard events (not hashed)")
+    study = luigi.Parameter(default="", significant=False, description="the study's name: its TensorBoard runs' folder")
 
     def model_params(self) -> int | None:
         """The from-scratch model's decoder (sizes the task's torch threads; see ZGTask.model_params)."""
@@ -76,6 +77,13 @@ class _LocalTask(ZGTask):
     def label(self):
         lr = f"-lr{float(self.setup['train']['lr']):g}" if self.setup["train"].get("holdout_sequences") else ""
         return self.config_label() + lr
+
+
+def config_key(run) -> str:
+    """A configuration's identity whatever its seed: the run without ``train.seed`` and ``train.data_seed`` (JSON)."""
+    r = _plain(run)
+    r["train"] = {k: v for k, v in r["train"].items() if k not in ("seed", "data_seed")}
+    return json.dumps(r, sort_keys=True)
 
 
 def is_candidate(setup) -> bool:
@@ -142,7 +150,8 @@ class EvaluateLocal(_LocalTask):
     ``{"held_out_ce": null, "diverged": {...}}``; a diverged run on the test split fails."""
 
     # 2: a seeded random test subset (eval.max_sequences, eval.subset_seed) and per-sequence CE (per_sequence_ce.json)
-    code_version = 2
+    # 3: each scored row's document id in per_sequence_ce.json (test split)
+    code_version = 3
 
     eval = luigi.DictParameter()
     split = luigi.ChoiceParameter(choices=["val", "tune"], default="val", description="val (test) | tune")
@@ -150,7 +159,7 @@ class EvaluateLocal(_LocalTask):
     def requires(self):
         return {"model": PretrainLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=self.setup,
                                        outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every,
-                                       tensorboard=self.tensorboard),
+                                       tensorboard=self.tensorboard, study=self.study),
                 "corpus": self.corpus_task()}
 
     def own_config(self):
@@ -185,7 +194,9 @@ class EvaluateLocal(_LocalTask):
                                            "val_tokens": int(len(val) * (val.shape[1] - 1)),
                                            "subset_sha256": compare.subset_digest(rows),
                                            **({"split": "tune"} if self.split == "tune" else {})})
-            compare.save_scores(tmp / compare.SCORES, compare.scores_part({"model": per_seq}, rows))
+            docs = corpus.read_documents(self.corpus_task().out_dir / "tokens.h5", "val") if self.split == "val" else None
+            compare.save_scores(tmp / compare.SCORES, compare.scores_part({"model": per_seq}, rows,
+                                                                          None if docs is None else docs[rows]))
         self.log(f"{self.split} CE {ce:.4f} nats/token; per boundary {[round(c, 4) for c in ev['boundary_ce']]}")
 
 
@@ -219,7 +230,7 @@ class ChooseLocalLR(_LocalTask):
         setup = zlocal.sweep_run(_plain(self.setup), lr, float(self.tune_fraction), int(self.corpus["seq_len"]))
         return EvaluateLocal(tokenizer=self.tokenizer, corpus=self.corpus, setup=setup, eval=self.eval, split="tune",
                              outputs=self.outputs, device=self.device, checkpoint_every=self.checkpoint_every,
-                             tensorboard=self.tensorboard)
+                             tensorboard=self.tensorboard, study=self.study)
 
     def tune_setups(self) -> list:
         """The first round's tuning configurations, one per lr (normalised runs)."""
@@ -257,113 +268,3 @@ class ChooseLocalLR(_LocalTask):
         self.log("tuning CE " + ", ".join(f"{lr:g}: {'diverged' if ce is None else f'{ce:.4f}'}"
                                           for lr, ce in zip(s["lrs"], s["scores"]))
                  + f"; chosen lr {s['best_lr']:g} ({lr_search.edge_note(s)})")
-
-
-class LocalStudyReport(ZGTask):
-    """The study report: held-out CE per configuration, gap to end-to-end at the same token
-    budget, per-boundary CE, activation memory in both execution modes, tokens per non-embedding
-    parameter, the paper's three findings; writes ``report.json``, ``report.md`` and ``gap_vs_k.png``.
-
-    With a learning-rate sweep (``lrs``) it requires one :class:`ChooseLocalLR` per configuration
-    and, once those have chosen, each configuration's final PretrainLocal and test EvaluateLocal as
-    dynamic dependencies (``yield`` in :meth:`run`; :meth:`dynamic_upstream` lists them, so a
-    rebuilt one makes this report stale like a static input)."""
-
-    # 2: tokens per parameter, the paper's findings, the lr column and the learning-rate sweep
-    # 3: the lr search (every lr searched per configuration, edges, diverged candidates)
-    # 4: seeds, comparisons (paired bootstrap over test sequences, pooled over seeds), findings from their verdicts
-    # 5: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why"); the report's name (an arm's name overwrote it)
-    code_version = 5
-    uses_device = False  # reads the EvaluateLocal results only
-
-    tokenizer = luigi.Parameter()
-    corpus = luigi.DictParameter()
-    cells = luigi.ListParameter(description="study cells: {K, aux, mtp, run}")
-    eval = luigi.DictParameter()
-    lrs = luigi.ListParameter(default=[], description="learning-rate sweep (ascending); [] = each run's train.lr")
-    tune_fraction = luigi.FloatParameter(default=1.0, description="share of the token budget a tuning run sees")
-    lr_rounds = luigi.IntParameter(default=1, description="rounds of each configuration's lr search at most")
-    name = luigi.Parameter(default="local-study", significant=False)
-    checkpoint_every = luigi.IntParameter(default=50, significant=False)
-    tensorboard = luigi.BoolParameter(default=True, significant=False, parsing=luigi.BoolParameter.EXPLICIT_PARSING)
-
-    def _runs(self) -> list:
-        seen, out = set(), []
-        for c in self.cells:
-            key = json.dumps(c["run"], sort_keys=True, default=dict)
-            if key not in seen:
-                seen.add(key)
-                out.append(c["run"])
-        return out
-
-    def _common(self) -> dict:
-        return dict(tokenizer=self.tokenizer, corpus=self.corpus, outputs=self.outputs, device=self.device,
-                    checkpoint_every=self.checkpoint_every, tensorboard=self.tensorboard)
-
-    def _finals(self, runs: list) -> list:
-        evals = [EvaluateLocal(setup=r, eval=self.eval, **self._common()) for r in runs]
-        return evals + [e.requires()["model"] for e in evals]
-
-    def requires(self):
-        if self.lrs:
-            return {"choices": [ChooseLocalLR(setup=r, lrs=list(self.lrs), tune_fraction=self.tune_fraction,
-                                              rounds=self.lr_rounds, eval=self.eval, **self._common())
-                                for r in self._runs()]}
-        # each model's metrics.json (tokens, memory, losses) is read here as well as its evaluation
-        evals = self._finals(self._runs())
-        return {"evaluations": evals[: len(evals) // 2], "models": evals[len(evals) // 2:]}
-
-    def chosen_runs(self) -> list | None:
-        """With a sweep: each configuration's final run (its chosen lr), in :meth:`_runs` order,
-        or ``None`` while a choice is not made yet. Without a sweep: :meth:`_runs`."""
-        if not self.lrs:
-            return self._runs()
-        out = []
-        for task in self.requires()["choices"]:
-            if not task.complete():
-                return None
-            best = json.loads((task.out_dir / "choice.json").read_text())["best_lr"]
-            out.append(zlocal.sweep_run(_plain(task.setup), best))
-        return out
-
-    def dynamic_upstream(self) -> list:
-        """The final tasks the report reads besides :meth:`requires` (sweep only; [] until chosen)."""
-        runs = self.chosen_runs() if self.lrs else None
-        return self._finals(runs) if runs else []
-
-    def own_config(self):
-        out = {"cells": [{k: c[k] for k in ("K", "aux", "mtp", "seed") if k in c} for c in self.cells]}
-        if self.lrs:
-            out["sweep"] = {"lrs": [float(x) for x in self.lrs], "tune_fraction": float(self.tune_fraction),
-                            "rounds": int(self.lr_rounds)}
-        return out
-
-    def label(self):
-        return "study"
-
-    def run(self):
-        runs = self.chosen_runs()
-        finals = self._finals(runs)
-        if self.lrs:
-            yield finals  # dynamic dependencies: the final runs are known only now
-        n = len(runs)
-        choices = {}
-        if self.lrs:
-            for task in self.requires()["choices"]:
-                choices[json.dumps(_plain(task.setup), sort_keys=True)] = json.loads((task.out_dir / "choice.json").read_text())
-        by_run = {}
-        for base, t, model in zip(self._runs(), finals[:n], finals[n:]):
-            key = json.dumps(_plain(base), sort_keys=True)
-            pre = model.out_dir
-            by_run[key] = {"train": json.loads((pre / "metrics.json").read_text()),
-                           "eval": json.loads((t.out_dir / "eval.json").read_text()), "dir": str(pre),
-                           "scores": compare.load_scores(t.out_dir / compare.SCORES)["val"],
-                           **({"choice": choices[key]} if key in choices else {})}
-        cells = _plain(list(self.cells))
-        results = [by_run[json.dumps(c["run"], sort_keys=True)] for c in cells]
-        rep = zlocal.study_report(self.name, self.tokenizer, int(self.corpus["seq_len"]), cells, results)
-        with self.building() as tmp:
-            write_json(tmp / "report.json", rep)
-            write_text(tmp / "report.md", zlocal.report_markdown(rep))
-            zlocal.plot_gap_vs_k(rep, tmp / "gap_vs_k.png")
-        print(f"\nReport: {self.out_dir / 'report.md'}\n" + zlocal.report_markdown(rep), flush=True)

@@ -87,6 +87,7 @@ class PrepareCorpus(_TeacherTask):
     """Tokenize the corpus with the teacher's tokenizer into fixed-length train/val sequences (HDF5)."""
 
     uses_device = False  # tokenises only
+    code_version = 2  # 2: each row's document id in the token store (format 2)
 
     corpus = luigi.DictParameter(visibility=HIDDEN)
 

@@ -28,11 +28,14 @@ class Resumable:
 
     @property
     def tensorboard_dir(self) -> Path:
-        """This task's TensorBoard run: ``<outputs>/tensorboard/<family>/<label>-<hash>``, outside
-        the atomic output folder so that it fills while the task runs."""
+        """This task's TensorBoard run: ``<outputs>/tensorboard/<family>/<label>-<hash>`` (a
+        local-learning run: ``<outputs>/tensorboard/<study>/<family>/<K..-aux-mtp-seed>-<hash>``, its
+        study's name first), outside the atomic output folder so that it fills while the task runs."""
         from zgcore.training.watch import tensorboard_dir
 
-        return tensorboard_dir(self.outputs, self.get_task_family(), self.out_dir.name)
+        study = getattr(self, "study", "")
+        family = f"{study}/{self.get_task_family()}" if study else self.get_task_family()
+        return tensorboard_dir(self.outputs, family, self.out_dir.name)
 
     def watchers(self, tensorboard: bool) -> list:
         """The :class:`zgcore.training.loop.TrainLoop` callbacks of this task's run: a

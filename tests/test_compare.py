@@ -1,4 +1,5 @@
-"""Issue 19: paired bootstrap comparisons, the random test subset, and out-of-domain held-out text."""
+"""Comparisons: fixed models by a paired bootstrap over sequences, methods by a t interval over training
+runs with Holm-adjusted p-values (and their calibration); the random test subset; out-of-domain held-out text."""
 from __future__ import annotations
 
 import json
@@ -32,33 +33,113 @@ def test_far_apart_arms_get_a_verdict_and_the_same_run_twice_is_not_resolved():
     assert "not resolved" in compare.sentence(same) and "beats" in compare.sentence(c)
 
 
-def test_a_difference_within_the_noise_is_not_resolved_and_seeds_are_pooled_with_their_spread():
+def test_a_difference_within_the_noise_is_not_resolved_and_seeds_are_runs():
     r = np.random.default_rng(1)
     a = [r.normal(4.0, 0.3, 100) for _ in range(3)]
     b = [x + r.normal(0, 0.3, 100) for x in a]  # same mean, large per-sequence noise
     c = compare.compare("a", "b", a, b, [0, 1, 2])
     assert c["verdict"] == "not resolved" and c["ci95"][0] < 0 < c["ci95"][1]
-    assert c["seeds"] == [0, 1, 2] and len(c["per_seed"]) == 3
+    assert c["unit"] == "run" and c["runs"] == 3 and c["p"] > 0.05 and c["p_adjusted"] is None
+    assert c["seeds"] == [0, 1, 2] and len(c["per_seed"]) == 3 and "t interval over training runs" in c["method"]
     assert c["mean_diff"] == pytest.approx(np.mean(c["per_seed"])) and c["seed_std"] == pytest.approx(np.std(c["per_seed"], ddof=1))
     with pytest.raises(ValueError, match="same number of sequences"):
         compare.compare("a", "b", [a[0]], [b[0][:50]], [0])
 
 
-def test_seeds_that_disagree_in_sign_leave_a_narrow_pooled_interval_unresolved():
-    """The local-learning study's Transformer-vs-MLP head at K=4 (2026-12-01): pooled -0.012 with a
-    95% interval [-0.015, -0.009], but seed 0 said -0.061 and seed 1 +0.037. The bootstrap resamples
-    sequences, not training runs, so the sign was the seeds' to decide: not resolved."""
-    a0, b0 = _arms(seed=0, gap=-0.06, noise=0.05)  # _arms gives b = a + gap: b0 is 0.06 below a0
-    a1, b1 = _arms(seed=1, gap=0.04, noise=0.05)
-    c = compare.compare("t", "m", [b0, b1], [a0, a1], [0, 1])  # t - m: -0.06 on seed 0, +0.04 on seed 1
-    assert c["per_seed"][0] < 0 < c["per_seed"][1] and c["mean_diff"] == pytest.approx(-0.01, abs=0.002)
-    assert c["ci95"][1] < 0  # the pooled interval alone would call it ...
-    assert c["verdict"] == "not resolved" and c["why"] == "the seeds disagree in sign"  # ... but the seeds do not agree
-    assert "the seeds disagree in sign" in compare.sentence(c) and "seeds disagree" in compare.markdown([c])
-    agree = compare.compare("t", "m", [b0, b1 - 0.08], [a0, a1], [0, 1])  # both seeds below 0 now
-    assert agree["verdict"] == "a better" and agree["why"] is None
-    one = compare.compare("t", "m", [b0], [a0], [0])  # one seed: the interval decides alone
-    assert one["verdict"] == "a better" and one["why"] is None
+def _runs(diffs, n=512, noise=0.01, seed=0):
+    """Per-seed CE arrays of two arms whose mean difference on seed ``s`` is ``diffs[s]`` (a minus b),
+    with small per-sequence noise."""
+    r = np.random.default_rng(seed)
+    base = r.normal(4.0, 0.5, n)
+    a = [base + d + r.normal(0, noise, n) for d in diffs]
+    return a, [base.copy() for _ in diffs]
+
+
+def test_seeds_far_apart_are_not_resolved_and_tight_seeds_are():
+    """Three runs differing by -0.002, -0.06 and -0.12 (each run's own interval tight) pooled as
+    sequences once gave a narrow interval that excluded seed 0's own difference; as runs they do not
+    resolve. Five runs at -0.10 +- 0.01 do."""
+    a, b = _runs([-0.002, -0.06, -0.12])
+    c = compare.compare("a", "b", a, b, [0, 1, 2])
+    assert c["unit"] == "run" and c["runs"] == 3 and c["verdict"] == "not resolved"
+    assert c["ci95"][0] < c["per_seed"][2] and c["per_seed"][0] < c["ci95"][1]  # every run's own estimate inside
+    assert c["mean_diff"] == pytest.approx(-0.0607, abs=0.002) and c["p"] > 0.05
+    a, b = _runs([-0.10, -0.11, -0.09, -0.095, -0.105])
+    c = compare.compare("a", "b", a, b, [0, 1, 2, 3, 4])
+    assert c["verdict"] == "a better" and c["why"] is None and c["p"] < 0.001 and c["ci95"][1] < 0
+
+
+def test_two_runs_never_give_a_method_verdict_but_keep_their_estimates():
+    a, b = _runs([-0.5, -0.51])  # far apart and consistent: still two runs
+    c = compare.compare("t", "m", a, b, [0, 1])
+    assert c["verdict"] == "not resolved" and c["why"] == "fewer than 3 runs" and c["runs"] == 2
+    assert c["mean_diff"] == pytest.approx(-0.505, abs=0.003) and c["per_seed"][0] == pytest.approx(-0.5, abs=0.003)
+    assert "fewer than 3 runs" in compare.sentence(c) and "-0.50" in compare.sentence(c)
+    one = compare.compare("t", "m", a[:1], b[:1], [0])  # one seed: two fixed models, the bootstrap decides
+    assert one["unit"] == "sequence" and one["verdict"] == "a better" and one["why"] is None and "fixed models" in one["method"]
+
+
+def test_seeds_that_disagree_in_sign_are_not_resolved():
+    a, b = _runs([-0.30, -0.31, -0.29, -0.30, 0.02], noise=0.001)
+    c = compare.compare("t", "m", a, b, list(range(5)))
+    assert c["p"] < 0.05 and c["verdict"] == "not resolved" and c["why"] == "the seeds disagree in sign"
+
+
+def test_holm_adjusts_a_report_family_and_the_verdict_follows_the_adjusted_p():
+    ps = [0.01, 0.04, 0.03, 0.20]
+    fam = [{"unit": "run", "runs": 5, "p": p, "p_adjusted": None, "mean_diff": -1.0, "per_seed": [-1.0] * 5,
+            "ci95": [-2.0, -0.5]} for p in ps]
+    fixed = {"unit": "sequence", "runs": 1, "p": 0.001, "p_adjusted": None, "mean_diff": -1.0, "per_seed": [-1.0],
+             "ci95": [-2.0, -0.5], "verdict": "a better", "why": None}
+    compare.holm(fam + [fixed])
+    assert [c["p_adjusted"] for c in fam] == pytest.approx([0.04, 0.09, 0.09, 0.20])  # 4p, then 3p, 2p (monotone), p
+    assert [c["verdict"] for c in fam] == ["a better", "not resolved", "not resolved", "not resolved"]
+    assert fam[1]["why"] == compare.NOT_SIGNIFICANT and fam[3]["why"] == compare.CONTAINS_ZERO
+    assert fixed["p_adjusted"] is None and fixed["verdict"] == "a better"
+    from scipy.stats import false_discovery_control  # noqa: F401  (the family is Holm's, not Benjamini-Hochberg's)
+
+
+def test_compare_arms_compares_a_pair_once_and_clusters_by_document():
+    r = np.random.default_rng(3)
+    arms = {k: {s: r.normal(4, 0.3, 40) for s in range(3)} for k in ("x", "y")}
+    cs = compare.compare_arms([("x", "y"), ("y", "x"), ("x", "x")], arms)
+    assert [(c["a"], c["b"]) for c in cs] == [("x", "y")] and cs[0]["p_adjusted"] == cs[0]["p"]
+    docs = np.repeat(np.arange(4), 10)  # 4 documents of 10 sequences: a shared per-document shift
+    shift = np.repeat(r.normal(0, 0.3, 4), 10)
+    a, b = [r.normal(4, 0.01, 40) + shift], [np.full(40, 4.0)]
+    by_seq, by_doc = compare.compare("a", "b", a, b, [0]), compare.compare("a", "b", a, b, [0], groups=docs)
+    w = lambda c: c["ci95"][1] - c["ci95"][0]
+    assert by_doc["documents"] == 4 and by_seq["documents"] is None and w(by_doc) > 3 * w(by_seq)
+    assert "documents" in by_doc["method"]
+
+
+def _null_or_shift_studies(n_seeds, shift_sd, studies=200, seed=0):
+    """Simulated studies: two arms, run spread 0.03 nats/token per arm and run, per-sequence noise 0.3
+    over 256 sequences shared by both arms; the true difference is ``shift_sd`` run standard deviations
+    of the difference. Returns the verdicts."""
+    r = np.random.default_rng(seed)
+    run_sd, n = 0.03, 256
+    out = []
+    for _ in range(studies):
+        base = r.normal(4.0, 0.5, n)
+        diff_sd = run_sd * np.sqrt(2)
+        a = [base + shift_sd * diff_sd + r.normal(0, run_sd) + r.normal(0, 0.3, n) for _ in range(n_seeds)]
+        b = [base + r.normal(0, run_sd) + r.normal(0, 0.3, n) for _ in range(n_seeds)]
+        out.append(compare.compare("a", "b", a, b, list(range(n_seeds)))["verdict"])
+    return out
+
+
+@pytest.mark.parametrize("n_seeds", [3, 5])
+def test_calibration_null_studies_rarely_give_a_verdict(n_seeds):
+    v = _null_or_shift_studies(n_seeds, 0.0, seed=n_seeds)
+    rate = sum(x != "not resolved" for x in v) / len(v)
+    assert len(v) >= 200 and rate <= 0.07, rate
+
+
+def test_calibration_a_true_difference_of_three_run_sds_is_found_with_five_seeds():
+    v = _null_or_shift_studies(5, -3.0, seed=11)
+    assert sum(x == "a better" for x in v) / len(v) >= 0.8 and "b better" not in v
+    assert all(x == "not resolved" for x in _null_or_shift_studies(2, -3.0, studies=50, seed=12))
 
 
 def test_the_bootstrap_is_reproducible_to_the_byte():

@@ -103,40 +103,62 @@ def test_bad_study_settings_fail_at_construction(over, what):
         DistillStudy(preset="distill_tiny", set=over)
 
 
-def test_distill_study_over_two_seeds_pools_comparisons_reproducibly(tmp_path, run_graph):
-    """seeds = [0, 1]: one four-arm study per seed (one teacher cache), a report with every arm's
-    CE per seed and the comparisons pooled over both seeds; rebuilt, it is the same bytes."""
+def test_distill_study_over_seeds_compares_runs_reproducibly(tmp_path, run_graph):
+    """seeds = [0, 1, 2]: one four-arm study per seed (one teacher cache), a report with every arm's
+    CE per seed and method comparisons over the three training runs ("unit": "run", Holm-adjusted);
+    the same study over seeds [0, 1] (its per-seed studies reused) resolves nothing (fewer than 3
+    runs); a per-seed report's method comparisons have one run each; the fixed-model comparisons
+    (each arm vs the untrained student) are over sequences; rebuilt, the report is the same bytes."""
     import shutil
 
     from workflows import load_config
     from workflows.distill import build_distill_study
 
     extra = 'eval.extra=[{"source":"stdlib-docstrings","max_tokens":2048}]'
-    cfg = load_config("", "seeds=[0,1] eval.max_sequences=6 " + extra, "distill_tiny", seeded_heal=True)
+    cfg = load_config("", "seeds=[0,1,2] eval.max_sequences=6 " + extra, "distill_tiny", seeded_heal=True)
     study = build_distill_study(cfg, str(tmp_path))
     assert study.get_task_family() == "DistillSeedsReport"
     ok, ran = run_graph(study)
     assert ok
     fams = [f for f, _ in ran]
     # per seed: (b) end to end at blockwise's budget and (d) at blockwise + healing's
-    assert fams.count("DistillStudyReport") == 2 and fams.count("DistillE2E") == 2 * 2 and fams.count("TeacherBoundary") >= 1
+    assert fams.count("DistillStudyReport") == 3 and fams.count("DistillE2E") == 3 * 2 and fams.count("TeacherBoundary") >= 1
     assert len([p for p in (tmp_path / "TeacherBoundary").iterdir() if "." not in p.name]) == 1
     rep = json.loads((study.out_dir / "report.json").read_text())
-    assert rep["seeds"] == [0, 1] and [a["name"] for a in rep["arms"]] == ["blockwise", "e2e", "healed", "e2e_healed"]
-    assert all(len(a["ce"]) == 2 and a["ce"][0] != a["ce"][1] for a in rep["arms"])
+    assert rep["seeds"] == [0, 1, 2] and [a["name"] for a in rep["arms"]] == ["blockwise", "e2e", "healed", "e2e_healed"]
+    assert all(len(a["ce"]) == 3 and len(set(a["ce"])) == 3 for a in rep["arms"])
+    assert all(len(a["flops"]) == 3 and all(f > 0 for f in a["flops"]) for a in rep["arms"])
     assert [(c["a"], c["b"]) for c in rep["comparisons"]] == [("blockwise", "e2e"), ("healed", "e2e_healed"),
                                                                ("healed", "blockwise"), ("healed", "e2e"), ("e2e_healed", "e2e")]
+    raw = sorted(c["p"] for c in rep["comparisons"])
     for c in rep["comparisons"]:
-        assert {"a", "b", "mean_diff", "ci95", "seeds", "sequences", "verdict"} <= set(c)
-        assert c["seeds"] == [0, 1] and c["sequences"] == 6 and c["verdict"] in ("a better", "b better", "not resolved")
-        assert c["mean_diff"] == pytest.approx(sum(c["per_seed"]) / 2)
+        assert {"a", "b", "mean_diff", "ci95", "seeds", "sequences", "verdict", "unit", "runs", "p", "p_adjusted"} <= set(c)
+        assert c["unit"] == "run" and c["runs"] == 3 and c["seeds"] == [0, 1, 2] and c["sequences"] == 6
+        assert c["mean_diff"] == pytest.approx(sum(c["per_seed"]) / 3)
+        k = raw.index(c["p"])  # Holm: at least (m - rank) x p, never below the raw p
+        assert c["p_adjusted"] >= min(1.0, (5 - k) * c["p"]) - 1e-12 and c["p_adjusted"] >= c["p"]
+        assert c["verdict"] == "not resolved" and c["descriptive"]  # a random teacher: a plumbing check
+    assert rep["descriptive"] and (study.out_dir / "report.md").read_text().startswith(
+        "# Distillation study over seeds [0, 1, 2]: distill-tiny\n\n**plumbing check: descriptive only**")
     per_seed = [json.loads((t.out_dir / "report.json").read_text()) for t in study.requires()]
     blockwise = [next(a["ce"] for a in r["arms"] if a["name"] == "blockwise") for r in per_seed]
     assert rep["arms"][0]["ce"] == blockwise and all(len(r["comparisons"]) == 5 for r in per_seed)
-    for r in per_seed:  # every arm scored on the out-of-domain text too
+    for r in per_seed:  # one seed: every method comparison has one run, never a verdict
+        assert all(c["unit"] == "run" and c["runs"] == 1 and c["why"] == "fewer than 3 runs" for c in r["comparisons"])
+        assert all(a["vs_untrained"]["unit"] == "sequence" for a in r["arms"])  # fixed models
+        assert all(a["flops"]["total"] == a["flops"]["student"] + a["flops"]["teacher"] > 0 for a in r["arms"])
         (x,) = r["extra"]
         assert x["name"] == "stdlib-docstrings" and set(x["arms"]) == {"blockwise", "e2e", "healed", "e2e_healed"}
         assert all(v["ce"] > 0 for v in x["arms"].values())
+    fl = {a["name"]: a["flops"] for a in per_seed[0]["arms"]}
+    assert fl["healed"]["student"] > fl["blockwise"]["student"] and fl["e2e_healed"]["total"] > fl["e2e"]["total"]
+    two = build_distill_study(load_config("", "seeds=[0,1] eval.max_sequences=6 " + extra, "distill_tiny", seeded_heal=True),
+                              str(tmp_path))
+    ok, ran = run_graph(two)
+    assert ok and [f for f, _ in ran] == ["DistillSeedsReport"]  # the per-seed studies are reused
+    rep2 = json.loads((two.out_dir / "report.json").read_text())
+    assert all(c["runs"] == 2 and c["verdict"] == "not resolved" and c["why"] == "fewer than 3 runs"
+               and c["p_adjusted"] is None for c in rep2["comparisons"])
     md = (study.out_dir / "report.md").read_text()
     assert "## Comparisons" in md and all(f"- {s}" in md for s in rep["findings"])
     before = (study.out_dir / "report.json").read_bytes()

@@ -198,10 +198,23 @@ def test_study_graph_runs_on_tiny_preset_and_reports(tmp_path, run_graph):
     comps = {(c["a"], c["b"]): c for c in rep["comparisons"]}
     assert ("K=4 mlp", "K=1 (e2e)") in comps and ("K=4 mlp", "K=2 mlp") in comps and ("K=4 mlp MTP all", "K=4 mlp") in comps
     assert all({"mean_diff", "ci95", "seeds", "sequences", "verdict"} <= set(c) for c in comps.values())
-    assert rep["findings"]["gap_grows_with_k"]["status"] in ("reproduced", "not reproduced", "not resolved")
+    assert all(c["unit"] == "run" and c["runs"] == 1 and c["why"] == "fewer than 3 runs" for c in comps.values())
+    assert rep["findings"]["gap_grows_with_k"]["status"] == "not resolved"  # one run, and a plumbing check
+    assert not any(("K=1 (e2e)", n) in comps for n in ("K=4 mlp", "K=2 mlp"))  # no pair twice, either way round
     # unchanged: nothing reruns
     ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=out))
     assert ok and [f for f, _ in ran if f != "LocalLearningStudy"] == []
+    # the study is first-class on the command line: its tasks and its own report
+    from typer.testing import CliRunner
+
+    from workflows.cli import app
+
+    r = CliRunner().invoke(app, ["report", "--preset", "local_tiny", "--set", over, "--outputs", out])
+    assert r.exit_code == 0 and r.output.startswith("# Greedy local learning study — local-tiny"), r.output[:300]
+    r = CliRunner().invoke(app, ["status", "--preset", "local_tiny", "--set", over, "--outputs", out], terminal_width=300)
+    assert r.exit_code == 0 and "LocalStudyReport study" in r.output and r.output.count("PretrainLocal ") == 5
+    r = CliRunner().invoke(app, ["report", "--preset", "local_tiny", "--set", over + " train.token_budget=256", "--outputs", out])
+    assert r.exit_code == 1 and "LocalLearningStudy" in r.output and "--preset local_tiny" in r.output
 
 
 def test_workflow_rejects_bad_config_before_any_task():
@@ -215,23 +228,47 @@ def test_workflow_rejects_bad_config_before_any_task():
         LocalLearningStudy(preset="nope")
 
 
-def test_study_over_two_seeds_compares_on_the_same_random_test_rows(tmp_path, run_graph):
+def test_study_over_seeds_compares_runs_on_the_same_random_test_rows(tmp_path, run_graph):
+    """Three seeds, each the whole run's randomness (initialisation and data order): method
+    comparisons over runs ("unit": "run", "runs": 3, Holm-adjusted p), FLOPs per arm; over seeds
+    [0, 1] (the runs reused) nothing is resolved (fewer than 3 runs); a smoke preset never concludes."""
     from workflows import LocalLearningStudy
     from workflows.local import build_local_study, load_local_config
     from zgcore.evaluation import compare
 
-    over = "seeds=[0,1] study.K=[1,2] study.aux=[mlp] study.mtp=[off] train.token_budget=512 eval.max_sequences=4"
+    over = "seeds=[0,1,2] study.K=[1,2] study.aux=[mlp] study.mtp=[off] train.token_budget=512 eval.max_sequences=4"
     ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
-    assert ok and [f for f, _ in ran].count("PretrainLocal") == 4
+    assert ok and [f for f, _ in ran].count("PretrainLocal") == 6
     report = build_local_study(load_local_config(overrides=over, preset="local_tiny"), str(tmp_path))
     rep = json.loads((report.out_dir / "report.json").read_text())
-    assert [(r["K"], r["seed"]) for r in rep["rows"]] == [(1, 0), (2, 0), (1, 1), (2, 1)] and rep["seeds"] == [0, 1]
-    assert rep["rows"][0]["held_out_ce"] != rep["rows"][2]["held_out_ce"]  # the seeds differ
+    assert [(r["K"], r["seed"]) for r in rep["rows"]] == [(1, 0), (2, 0), (1, 1), (2, 1), (1, 2), (2, 2)]
+    assert rep["seeds"] == [0, 1, 2] and "batch order" in rep["seed_varies"]
+    assert len({r["held_out_ce"] for r in rep["rows"]}) == 6  # the seeds differ
+    models = [m for m in report.requires()["models"]]
+    shas = {json.loads((m.out_dir / "metrics.json").read_text())["tokens_sha256"] for m in models}
+    assert len(shas) == 3  # one token stream per seed: the seed sets the data order, shared by the seed's configurations
     (c,) = rep["comparisons"]
-    assert (c["a"], c["b"], c["seeds"], c["sequences"]) == ("K=2 mlp", "K=1 (e2e)", [0, 1], 4)
-    assert c["mean_diff"] == pytest.approx((rep["rows"][1]["gap"] + rep["rows"][3]["gap"]) / 2)
+    assert (c["a"], c["b"], c["seeds"], c["sequences"], c["unit"], c["runs"]) == ("K=2 mlp", "K=1 (e2e)", [0, 1, 2], 4, "run", 3)
+    assert c["p_adjusted"] == pytest.approx(c["p"]) and 0 < c["p"] <= 1  # a family of one
+    assert c["mean_diff"] == pytest.approx(sum(r["gap"] for r in rep["rows"] if r["K"] == 2) / 3)
+    assert c["verdict"] == "not resolved" and rep["descriptive"]  # local_tiny: a plumbing check
+    assert all(r["flops"] == r["flops_per_step"] * r["steps"] > 0 for r in rep["rows"])
+    k1, k2 = (next(r["flops"] for r in rep["rows"] if r["K"] == k) for k in (1, 2))
+    assert k2 > k1  # the aux head costs compute the token budget does not show
     evals = [t for t in report.requires()["evaluations"]]
-    rows = {json.dumps(compare.load_scores(t.out_dir / compare.SCORES)["val"]["rows"]) for t in evals}
+    parts = [compare.load_scores(t.out_dir / compare.SCORES)["val"] for t in evals]
+    rows = {json.dumps(p["rows"]) for p in parts}
     assert len(rows) == 1 and json.loads(rows.pop()) != [0, 1, 2, 3]  # one random subset for all, not the first rows
+    assert len(parts[0]["documents"]) == 4 and c["documents"] == len(set(parts[0]["documents"]))
     md = (report.out_dir / "report.md").read_text()
-    assert "## Over seeds [0, 1]" in md and "## Comparisons" in md and "not measured" in md
+    assert "## Over seeds [0, 1, 2]" in md and "## Comparisons" in md and "**plumbing check: descriptive only**" in md
+    assert "train FLOPs" in md and "a seed sets the whole run's randomness" in md
+    two = over.replace("seeds=[0,1,2]", "seeds=[0,1]")
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=two, outputs=str(tmp_path)))
+    assert ok and [f for f, _ in ran if f != "LocalLearningStudy"] == ["LocalStudyReport"]  # every run reused
+    rep2 = json.loads((build_local_study(load_local_config(overrides=two, preset="local_tiny"), str(tmp_path)).out_dir
+                       / "report.json").read_text())
+    (c2,) = rep2["comparisons"]
+    assert (c2["runs"], c2["verdict"], c2["why"], c2["p_adjusted"]) == (2, "not resolved", "fewer than 3 runs", None)
+    assert c2["per_seed"] == c["per_seed"][:2] and all(f["status"] in ("not resolved", "not measured")
+                                                         for f in rep2["findings"].values())

@@ -230,3 +230,39 @@ def test_sweep_at_the_full_budget_reuses_the_tuning_runs(tmp_path, run_graph):
     report, _ = _tasks(tmp_path, over)
     rep = json.loads((report.out_dir / "report.json").read_text())
     assert rep["sweep"]["tune_fraction"] == 1.0 and rep["token_budget"]["tokens"] == 1024
+
+
+def test_search_seeds_apart_from_reported_seeds_and_a_flops_matched_arm(tmp_path, run_graph):
+    """study.search_seeds: the lr is searched on seed 0 only; the reported runs retrain the chosen lr
+    on seeds 1 and 2, which took no part in the search; the report lists each configuration's
+    search runs and its reported runs apart, and every arm's FLOPs. study.flops_matched adds a K=1
+    arm trained for as many steps as the most expensive configuration's FLOPs buy."""
+    from workflows import LocalLearningStudy
+    from workflows.local import build_local_study, load_local_config
+    from zgcore.checks import ConfigError
+
+    over = ("study.K=[1,2] study.aux=[mlp] study.mtp=[off] study.lrs=[1e-3,1e-2] study.lr_rounds=1 study.tune_sequences=6 "
+            "model.vocab=top:40 seeds=[1,2] study.search_seeds=[0] study.flops_matched=true")
+    with pytest.raises(ConfigError, match="overlap seeds"):
+        load_local_config(overrides=over.replace("seeds=[1,2]", "seeds=[0,1]"), preset="local_tiny")
+    ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(tmp_path)))
+    fams = [f for f, _ in ran]
+    # 3 configurations (K=1, K=2, K=1 FLOPs-matched) x 2 lrs on seed 0, then 3 x 2 reported runs
+    assert ok and fams.count("ChooseLocalLR") == 3 and fams.count("PretrainLocal") == 3 * 2 + 3 * 2
+    report = build_local_study(load_local_config(overrides=over, preset="local_tiny"), str(tmp_path))
+    rep = json.loads((report.out_dir / "report.json").read_text())
+    assert sorted({r["seed"] for r in rep["rows"]}) == [1, 2] and rep["seeds"] == [1, 2]
+    for r in rep["rows"]:
+        (sr,) = r["search_runs"]
+        assert sr["seed"] == 0 and sr["lrs"] == [1e-3, 1e-2] and r["lr"] == sr["best_lr"]
+    assert "searched on seeds [0]" in rep["selection"] and "took no part in the search" in rep["selection"]
+    matched = [r for r in rep["rows"] if r["flops_matched"]]
+    local = [r for r in rep["rows"] if r["K"] == 2]
+    e2e = [r for r in rep["rows"] if r["K"] == 1 and not r["flops_matched"]]
+    assert len(matched) == 2 and all(r["arm"] == "K=1 (e2e, FLOPs-matched)" for r in matched)
+    assert matched[0]["flops"] >= local[0]["flops"] > e2e[0]["flops"]  # matched in FLOPs, not in tokens
+    assert matched[0]["flops"] - matched[0]["flops_per_step"] < local[0]["flops"]  # by at most one step
+    assert matched[0]["tokens"] > local[0]["tokens"] == e2e[0]["tokens"]
+    assert {(c["a"], c["b"]) for c in rep["comparisons"]} == {("K=2 mlp", "K=1 (e2e)"), ("K=2 mlp", "K=1 (e2e, FLOPs-matched)")}
+    md = (report.out_dir / "report.md").read_text()
+    assert "Search runs and reported runs" in md and "seed 0: " in md and "seed 1 at " in md and "train FLOPs" in md

@@ -40,16 +40,44 @@ def task_state(t: ZGTask) -> str:
     return "partial" if t.out_dir.with_name(t.out_dir.name + ".partial").is_dir() else "missing"
 
 
+def workflow_of(preset: str) -> str:
+    """The workflow a preset is run with: ``LocalLearningStudy`` for ``local_*``, ``DistillStudy``
+    for ``distill*``, ``ObjectiveStudy`` for ``study``, else ``RunExperiment``."""
+    from .experiment import preset_owner
+
+    if preset and preset_owner(preset) == "LocalLearningStudy":
+        return "LocalLearningStudy"
+    if preset.startswith("distill"):
+        return "DistillStudy"
+    return "ObjectiveStudy" if preset == "study" else "RunExperiment"
+
+
 def _graph(config, set_, preset, outputs):
-    """The experiment's root task; a configuration error prints one line and exits
-    ``CONFIG_ERROR_EXIT`` (2)."""
-    return or_exit(lambda: build_experiment(load_config(config, "\n".join(set_), preset), outputs))
+    """The root task of the preset's workflow (:func:`workflow_of`: a study's report task, or an
+    experiment's); a configuration error prints one line and exits ``CONFIG_ERROR_EXIT`` (2)."""
+    over, kind = "\n".join(set_), workflow_of(preset)
+
+    def build():
+        if kind == "LocalLearningStudy":
+            from .local import build_local_study, load_local_config
+
+            return build_local_study(load_local_config(config, over, preset), outputs)
+        if kind == "DistillStudy":
+            from . import DistillStudy
+
+            return DistillStudy(config=config, set=over, preset=preset, outputs=outputs).requires()
+        if kind == "ObjectiveStudy":
+            from .experiment import build_study
+
+            return build_study(load_config(config, over, preset), outputs)
+        return build_experiment(load_config(config, over, preset), outputs)
+    return or_exit(build)
 
 
 def run_command(config: str, set_: list[str] | str, preset: str, outputs: str) -> str:
-    """The `luigi` command that builds this experiment, with the options the user gave (each
-    ``--set`` as given, in order)."""
-    args = [".venv/bin/luigi", "--module", "workflows", "RunExperiment", "--local-scheduler"]
+    """The `luigi` command that builds this experiment or study, with the options the user gave
+    (each ``--set`` as given, in order)."""
+    args = [".venv/bin/luigi", "--module", "workflows", workflow_of(preset), "--local-scheduler"]
     sets = [set_] if isinstance(set_, str) else list(set_)
     for flag, value, default in (("--preset", preset, "default"), ("--config", config, ""),
                                  *(("--set", v, "") for v in sets), ("--outputs", outputs, "outputs")):
@@ -60,7 +88,8 @@ def run_command(config: str, set_: list[str] | str, preset: str, outputs: str) -
 
 @app.command(epilog="\n\n".join(f"{word}: {meaning}" for word, meaning in STATES.items()))
 def status(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt):
-    """Each task of an experiment, its state and its folder. Exits 0 when every task is done, else 1
+    """Each task of an experiment or study (``--preset local_tiny``, ``distill_tiny``, ``study``: that
+    study's tasks), its state and its folder. Exits 0 when every task is done, else 1
     (so a script can check a run that several workers shared); 2 on a configuration error. The
     states are listed below."""
     tasks = walk(_graph(config, set, preset, outputs))
@@ -77,8 +106,9 @@ def status(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
 @app.command()
 def report(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
            as_json: bool = typer.Option(False, "--json", help="print report.json instead of report.md")):
-    """Print an experiment's report (exit 1 if it has not been built, with the command that builds
-    it; 2 on a configuration error)."""
+    """Print an experiment's report, or a study's (``--preset local_tiny``, ``distill_tiny``,
+    ``study``: the study's own report); exit 1 if it has not been built, with the command that builds
+    it; 2 on a configuration error."""
     ev = _graph(config, set, preset, outputs)
     path = ev.out_dir / ("report.json" if as_json else "report.md")
     if not path.is_file():

@@ -5,7 +5,7 @@ from typing import Any
 
 import luigi
 
-from tasks.local import LocalStudyReport
+from tasks.local_report import LocalStudyReport
 from zgcore import local as zlocal
 from zgcore.config import experiment as zconfig
 from zgcore.models.teacher import describe
@@ -38,7 +38,8 @@ def build_local_study(cfg: dict[str, Any], outputs: str = "outputs") -> LocalStu
                             checkpoint_every=int(cfg["train"]["checkpoint_every"]), lrs=lrs,
                             tensorboard=bool(cfg["train"]["tensorboard"]),
                             tune_fraction=float(cfg["study"]["tune_fraction"]) if lrs else 1.0,
-                            lr_rounds=int(cfg["study"]["lr_rounds"]) if lrs else 1)
+                            lr_rounds=int(cfg["study"]["lr_rounds"]) if lrs else 1,
+                            search_seeds=[int(x) for x in cfg["study"].get("search_seeds") or []] if lrs else [])
 
 
 class LocalLearningStudy(ConfiguredWorkflow):

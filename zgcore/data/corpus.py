@@ -19,7 +19,7 @@ from zgcore.atomic import atomic_path
 from zgcore.data import sources
 from zgcore.checks import ConfigError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: each row's document id (train_documents, val_documents)
 DEFAULT_BUFFER = 1 << 20  # tokens held before full rows are flushed to disk (corpus.buffer_tokens)
 
 
@@ -61,6 +61,8 @@ class _Rows:
         self.n_pending = 0
         self.kept: list[np.ndarray] = []
         self.n_rows = self.tokens = self.documents = 0
+        self.starts: list[int] = []  # stream offset (tokens) where each document begins
+        self.open = False  # a document is begun and not yet ended
 
     def add(self, tokenizer, text: str, last: bool) -> bool:
         """Tokenize ``text`` (EOS after a document's ``last`` piece); False once ``max_tokens`` is reached."""
@@ -69,6 +71,9 @@ class _Rows:
             ids.append(tokenizer.eos_token_id)
         if self.max_tokens:
             ids = ids[: self.max_tokens - self.tokens]
+        if not self.open:
+            self.starts.append(self.tokens)
+        self.open = not last
         self.parts.append(np.asarray(ids, dtype=np.int32))
         self.n_pending += len(ids)
         self.tokens += len(ids)
@@ -93,13 +98,19 @@ class _Rows:
             return np.concatenate(self.kept)
         return None
 
+    def row_documents(self) -> np.ndarray:
+        """``[n_rows]`` int64: the document each row begins in (0-based, in reading order)."""
+        starts = np.asarray(self.starts, dtype=np.int64)
+        return np.searchsorted(starts, np.arange(self.n_rows, dtype=np.int64) * self.seq_len, side="right") - 1
+
     def mark(self) -> tuple:
         """The state to go back to if the next source turns out unreadable."""
-        return self.n_rows, list(self.parts), self.n_pending, self.tokens, self.documents
+        return self.n_rows, list(self.parts), self.n_pending, self.tokens, self.documents, len(self.starts), self.open
 
     def restore(self, state: tuple) -> None:
         """Forget everything added since :meth:`mark` returned ``state``."""
-        self.n_rows, parts, self.n_pending, self.tokens, self.documents = state
+        self.n_rows, parts, self.n_pending, self.tokens, self.documents, n_starts, self.open = state
+        del self.starts[n_starts:]
         self.parts = list(parts)
         self.dset.resize(self.n_rows, axis=0)
 
@@ -191,7 +202,7 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
                 rows.flush(final=True)
                 if not rows.tokens:
                     raise ConfigError("the corpus holds no text" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))
-                meta = _write_split(tmp, sf["rows"], corpus, max(1, buffer // seq_len))
+                meta = _write_split(tmp, sf["rows"], corpus, max(1, buffer // seq_len), rows.row_documents())
         finally:
             scratch.unlink(missing_ok=True)
         meta.update({"format_version": FORMAT_VERSION, "seq_len": seq_len, "tokens": meta.pop("n_rows") * seq_len,
@@ -223,8 +234,10 @@ def _add_source(rows: _Rows, docs, tokenizer, buffer: int) -> bool:
     return True
 
 
-def _write_split(tmp, all_rows, corpus: Mapping[str, Any], chunk: int) -> dict[str, Any]:
-    """Copy ``all_rows`` into ``train`` / ``val`` datasets of the HDF5 file ``tmp``, ``chunk`` rows at a time."""
+def _write_split(tmp, all_rows, corpus: Mapping[str, Any], chunk: int, documents: np.ndarray) -> dict[str, Any]:
+    """Copy ``all_rows`` into ``train`` / ``val`` datasets of the HDF5 file ``tmp``, ``chunk`` rows at
+    a time, and each row's document id (``documents``, ``[n]`` int64) into ``train_documents`` /
+    ``val_documents``."""
     n, seq_len = all_rows.shape
     train_idx, val_idx = split_indices(n, float(corpus["val_fraction"]), int(corpus["split_seed"]))
     is_val = np.zeros(n, dtype=bool)
@@ -238,6 +251,8 @@ def _write_split(tmp, all_rows, corpus: Mapping[str, Any], chunk: int) -> dict[s
             for name, part in (("train", block[~mask]), ("val", block[mask])):
                 out[name][at[name]: at[name] + len(part)] = part
                 at[name] += len(part)
+        f.create_dataset("train_documents", data=documents[~is_val].astype(np.int64))
+        f.create_dataset("val_documents", data=documents[is_val].astype(np.int64))
         return {"fingerprint": fingerprint(out["train"], out["val"], chunk), "n_train": len(train_idx),
                 "n_val": len(val_idx), "n_rows": n}
 
@@ -330,6 +345,17 @@ def read_tokens(path: str | os.PathLike, split_name: str) -> np.ndarray:
             if isinstance(e, OSError) and e.errno is not None:
                 _unavailable(path, e)
             _damaged(path, f"split {split_name!r} unreadable ({type(e).__name__}: {e})", e)
+
+
+def read_documents(path: str | os.PathLike, split_name: str) -> np.ndarray | None:
+    """``[n]`` int64 document id of each row of one split (the document the row begins in; rows of
+    one document are neighbours in the text), or ``None`` for a store written before format 2.
+    Same checks as :func:`read_tokens`."""
+    if split_name not in ("train", "val"):
+        raise KeyError(f"token store splits are 'train' and 'val', not {split_name!r}")
+    with _open_verified(path) as f:
+        key = f"{split_name}_documents"
+        return f[key][...].astype(np.int64) if key in f else None
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:

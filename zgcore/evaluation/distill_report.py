@@ -26,6 +26,22 @@ MATCHING = ("Budget matching: a student layer-token pass is one token's forward 
             "(c) against (d) asks whether healing beats end-to-end distillation at equal compute.")
 
 
+FLOPS_NOTE = ("FLOPs (zgcore.evaluation.flops): student forward and backward of the layers each arm trains (and of "
+              "its LM head where the loss goes through it), teacher forwards (the cache build, whole, for cached "
+              "targets; every step's forward for online targets and for logit distillation, LM head included). The "
+              "arms are matched in layer-token passes, not in FLOPs: the FLOPs columns say what each spent.")
+SEEDS_VARY = ("each seed sets the whole run's randomness: the blocks', the end-to-end student's and the healing stage's "
+              "initialisation where random and their data order (train.seed, distill.seed, heal.seed)")
+
+
+def banner(report: Mapping[str, Any]) -> str:
+    """The plumbing-check line a report of a random teacher (smoke preset) opens with, or ""."""
+    from zgcore.evaluation.compare import DESCRIPTIVE
+
+    return (f"**{DESCRIPTIVE}**: the teacher is a tiny random model (a smoke preset); the figures check the plumbing "
+            "and no comparison has a verdict.\n\n") if report.get("descriptive") else ""
+
+
 def arm(name: str, ce: float, ce_untrained: float, ce_teacher: float, context_use: Mapping[str, Any] | None,
         gate_gap: float, gate_context: float, stages: Sequence[Sequence[Mapping[str, Any]]], passes: int,
         lrs: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -145,10 +161,12 @@ def extra_md(report: Mapping[str, Any]) -> str:
             + table(["held-out text", "arm", "CE", "gap recovered", "teacher CE", "untrained CE"], rows) + "\n")
 
 
-def comparisons(scores: Mapping[str, Mapping[int, Any]], pairs: Sequence[tuple[str, str]] = COMPARED) -> list[dict[str, Any]]:
-    """The study's paired comparisons (:func:`zgcore.evaluation.compare.compare_arms`): ``scores`` maps arm
-    name -> {seed: per-sequence held-out CE ``[n]``, nats/token}; pooled over seeds."""
-    return compare_arms(pairs, scores)
+def comparisons(scores: Mapping[str, Mapping[int, Any]], pairs: Sequence[tuple[str, str]] = COMPARED,
+                groups: Any = None) -> list[dict[str, Any]]:
+    """The study's paired comparisons (:func:`zgcore.evaluation.compare.compare_arms`, Holm-adjusted
+    together): ``scores`` maps arm name -> {seed: per-sequence held-out CE ``[n]``, nats/token}; one
+    seed compares the fixed models, several seeds the methods (runs). ``groups``: ``[n]`` document ids."""
+    return compare_arms(pairs, scores, groups=groups)
 
 
 def findings(comps: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -174,21 +192,23 @@ def markdown(report: Mapping[str, Any]) -> str:
     matching, the lr searches, the reference CEs)."""
     rows = []
     for a in report["arms"]:
-        rows.append([a["label"], num(a["ce"]), f"{a['passes']:,}", lr_text(a.get("lrs") or {}),
+        fl = a.get("flops") or {}
+        rows.append([a["label"], num(a["ce"]), f"{a['passes']:,}", num(fl.get("student"), ".3e"), num(fl.get("teacher"), ".3e"),
+                     num(fl.get("total"), ".3e"), lr_text(a.get("lrs") or {}),
                      zreport.gap_text(a["gap_recovered"], a.get("gap_reason")), num(a["context_ratio"], ".2f"),
                      zreport.gate_text(a["gates"]), num(a["serial_seconds"], ".1f"), num(a["critical_seconds"], ".1f"),
                      f"{num(a['peak_rss_mib'], '.0f')} ({a['peak_task']})", f"{a['max_parallel']} of {a['tasks']}"])
-    head = ["arm", "held-out CE", "layer-token passes", "peak lr", "gap recovered", "context use (x teacher)", "gates",
+    head = ["arm", "held-out CE", "layer-token passes", "student FLOPs", "teacher FLOPs", "total FLOPs", "peak lr", "gap recovered", "context use (x teacher)", "gates",
             "wall s (1 worker)", "wall s (enough workers)", "peak RSS MiB (task)", "tasks at once"]
     searched = search_lines(report)
     search = ("\n\nLearning-rate searches (zgcore.training.lr_search; each candidate at its arm's full budget; blocks scored "
               "by their validation loss, end-to-end arms by held-out CE, both on the validation sequences outside the "
               "test subset the table's CE is measured on — no lr is chosen on a test sequence):\n\n"
               + "\n".join(searched)) if searched else ""
-    return (f"# Distillation study: {report['name']}\n\nTeacher `{report['teacher']}`; held-out CE (nats/token) of the "
+    return (f"# Distillation study: {report['name']}\n\n" + banner(report) + "Teacher `{report['teacher']}`; held-out CE (nats/token) of the "
             f"teacher {num(report['ce_teacher'])}, of the untrained student {num(report['ce_untrained'])} "
             f"({report['student_layers']} of the teacher's layers); {report['val_tokens']:,} held-out tokens.\n\n"
-            + table(head, rows) + "\n\n" + MATCHING + f" Here: {report['e2e_steps']} end-to-end steps of "
+            + table(head, rows) + "\n\n" + MATCHING + " " + FLOPS_NOTE + f" Here: {report['e2e_steps']} end-to-end steps of "
             f"{report['e2e_batch']} sequences for (b), {report.get('e2e_healed_steps', '—')} for (d)." + search
             + "\n\nWall times are the tasks' own measured training (and, for (a) and (c), "
             "cache-building) times; assembling and evaluating are left out. Peak RSS is each task's own peak "
@@ -197,13 +217,14 @@ def markdown(report: Mapping[str, Any]) -> str:
 
 
 def seeds_report(name: str, seeds: Sequence[int], reports: Sequence[Mapping[str, Any]],
-                 scores: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+                 scores: Sequence[Mapping[str, Any]], groups: Any = None) -> dict[str, Any]:
     """The distillation study over several seeds (each seed: its own blocks, end-to-end student
     and healing; one teacher cache).
 
     Args:
         seeds: the seeds, in order. reports: each seed's study report (:func:`markdown`'s input).
         scores: per seed, arm name -> per-sequence held-out CE ``[n]`` (nats/token), the same sequences for all.
+        groups: ``[n]`` document id of each sequence (resampled within runs), or None.
 
     Returns:
         ``{"name", "seeds", "arms": [{"name", "label", "ce": [per seed], "ce_mean", "ce_std",
@@ -218,19 +239,27 @@ def seeds_report(name: str, seeds: Sequence[int], reports: Sequence[Mapping[str,
         per = [next(a for a in r["arms"] if a["name"] == n) for r in reports]
         m, sd = mean_std([a["ce"] for a in per])
         arms.append({"name": n, "label": ARMS.get(n, n), "ce": [a["ce"] for a in per], "ce_mean": m, "ce_std": sd,
-                     "gap_recovered": [a["gap_recovered"] for a in per], "passes": [a["passes"] for a in per]})
-    comps = comparisons({n: {s: sc[n] for s, sc in zip(seeds, scores)} for n in names})
+                     "gap_recovered": [a["gap_recovered"] for a in per], "passes": [a["passes"] for a in per],
+                     "flops": [(a.get("flops") or {}).get("total") for a in per]})
+    comps = comparisons({n: {s: sc[n] for s, sc in zip(seeds, scores)} for n in names}, groups=groups)
+    plumbing = any(r.get("descriptive") for r in reports)
+    if plumbing:
+        from zgcore.evaluation.compare import descriptive
+
+        descriptive(comps)
     return {"name": name, "teacher": reports[0]["teacher"], "seeds": list(seeds), "ce_teacher": reports[0]["ce_teacher"],
-            "arms": arms, "comparisons": comps, "findings": findings(comps)}
+            "arms": arms, "comparisons": comps, "findings": findings(comps), "descriptive": plumbing, "seed_varies": SEEDS_VARY}
 
 
 def seeds_markdown(rep: Mapping[str, Any]) -> str:
     """:func:`seeds_report` as Markdown: per arm its CE per seed and mean ± std, then the comparisons."""
     rows = [[a["label"], ", ".join(num(x) for x in a["ce"]), f"{num(a['ce_mean'])} ± {num(a['ce_std'])}",
-             ", ".join(zreport.gap_text(g) for g in a["gap_recovered"]), ", ".join(f"{p:,}" for p in a["passes"])]
-            for a in rep["arms"]]
-    return (f"# Distillation study over seeds {rep['seeds']}: {rep['name']}\n\nTeacher `{rep['teacher']}`, held-out CE "
-            f"{num(rep['ce_teacher'])} nats/token. Each seed trains its own blocks, end-to-end student and healing on one "
-            "teacher cache; per-seed reports carry the timings.\n\n"
-            + table(["arm", "held-out CE per seed", "mean ± std", "gap recovered per seed", "layer-token passes"], rows)
+             ", ".join(zreport.gap_text(g) for g in a["gap_recovered"]), ", ".join(f"{p:,}" for p in a["passes"]),
+             ", ".join(num(f, ".3e") for f in a.get("flops") or [])] for a in rep["arms"]]
+    return (f"# Distillation study over seeds {rep['seeds']}: {rep['name']}\n\n" + banner(rep) + f"Teacher `{rep['teacher']}`, "
+            f"held-out CE {num(rep['ce_teacher'])} nats/token. Each seed trains its own blocks, end-to-end student and healing "
+            f"on one teacher cache ({rep.get('seed_varies') or SEEDS_VARY}); per-seed reports carry the timings and the "
+            "lr searches (each seed searches its own lrs and reports its chosen candidate).\n\n"
+            + table(["arm", "held-out CE per seed", "mean ± std", "gap recovered per seed", "layer-token passes",
+                     "total FLOPs per seed"], rows)
             + "\n" + comparisons_md(rep))

@@ -21,6 +21,9 @@ from zgcore.markdown import num, table
 # it to mean anything. Below it — the tiny presets' random teachers sit at ln(260) like their
 # untrained students — the share divides by noise, flips sign and reads as e.g. "107% recovered".
 GAP_MARGIN = 0.05
+# The teacher's own context use (nats/token of CE that context beyond the window removes) must reach this
+# floor for a student's share of it to mean anything: a random teacher's sits near 0 and the ratio divides by noise.
+CONTEXT_FLOOR = 0.01
 
 RANDOM_TEACHER_NOTE = ("The teacher `{spec}` is a tiny randomly initialised model: these figures are plumbing "
                        "checks of the pipeline, not results.")
@@ -35,6 +38,14 @@ def random_teacher_note(spec: str) -> str | None:
     from zgcore.models.teacher import TINY_FAMILIES
 
     return RANDOM_TEACHER_NOTE.format(spec=spec) if spec in TINY_FAMILIES else None
+
+
+def plumbing_check(spec: str) -> bool:
+    """True for a study whose teacher (or tokenizer) is a tiny random model (``tiny-*``: the smoke
+    presets ``tiny``, ``distill_tiny``, ``local_tiny``): its report describes, never concludes."""
+    from zgcore.models.teacher import TINY_FAMILIES
+
+    return spec in TINY_FAMILIES
 
 
 def gap_recovered(ce_untrained: float, ce_student: float, ce_teacher: float,
@@ -67,7 +78,8 @@ def gates(report: Mapping[str, Any], gap_threshold: float = 0.8, context_thresho
       the untrained one (when ``report["comparisons"]`` has ``student`` vs ``untrained``: its
       verdict is ``"a better"``, :mod:`zgcore.evaluation.compare`), and it recovers at least ``gap_threshold`` of the gap.
     * ``context``: the student's context use is finite, positive and at least ``context_threshold``
-      times the teacher's (itself positive).
+      times the teacher's; **undefined** (``"passed": None``, neither PASS nor FAIL) when the
+      teacher's own context use is not finite or below :data:`CONTEXT_FLOOR` nats/token.
 
     Args:
         report: needs ``cross_entropy`` (``teacher``, ``untrained``, ``student``; nats/token),
@@ -92,11 +104,16 @@ def gates(report: Mapping[str, Any], gap_threshold: float = 0.8, context_thresho
     cu = report.get("context_use")
     if cu:
         s, t = cu["student"]["context_use"], cu["teacher"]["context_use"]
-        ok = _finite(s, t) and t > 0
+        if not (_finite(t) and t >= CONTEXT_FLOOR):
+            out["context"] = {"value": None, "student": s, "teacher": t, "threshold": context_threshold, "passed": None,
+                              "reason": f"undefined: the teacher's own context use ({num(t, '.4f')} nats/token) is below "
+                                        f"the floor {CONTEXT_FLOOR} (a teacher that uses no context has no share to match)"}
+            return out
+        ok = _finite(s)
         passed = bool(ok and s > 0 and s >= context_threshold * t)
         out["context"] = {"value": s / t if ok else None, "student": s, "teacher": t, "threshold": context_threshold,
                           "passed": passed,
-                          "reason": None if passed else ("a context use is not finite or the teacher's is not positive"
+                          "reason": None if passed else ("the student's context use is not finite"
                                                          if not ok else "student context use below the threshold")}
     return out
 
@@ -173,8 +190,8 @@ def economics(manifest: Mapping[str, Any], blocks: Sequence[Mapping[str, Any]], 
     return econ
 
 
-def model_comparisons(scores: Mapping[str, Any], seed: int,
-                      extra: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+def model_comparisons(scores: Mapping[str, Any], seed: int, extra: Mapping[str, Mapping[str, Any]] | None = None,
+                      documents: Any = None) -> list[dict[str, Any]]:
     """The experiment's paired comparisons (:func:`zgcore.evaluation.compare.compare`): the assembled student
     against the untrained student and against the teacher, on the held-out split and then on every
     ``eval.extra`` corpus (their entries carry ``"held_out": name``).
@@ -182,10 +199,13 @@ def model_comparisons(scores: Mapping[str, Any], seed: int,
     Args:
         scores: model key (``teacher``, ``untrained``, ``student``) -> per-sequence CE ``[n]`` (nats/token).
         seed: the experiment's training seed. extra: ``{name: part}`` as :func:`zgcore.evaluation.compare.scores_part`.
+        documents: ``[n]`` document id of each held-out row (resampled as units), or None.
+
+    Every entry compares two fixed models (``"unit": "sequence"``).
     """
     from zgcore.evaluation.compare import compare
 
-    out = [compare("student", k, [scores["student"]], [scores[k]], [seed]) for k in ("untrained", "teacher")]
+    out = [compare("student", k, [scores["student"]], [scores[k]], [seed], groups=documents) for k in ("untrained", "teacher")]
     for name, part in (extra or {}).items():
         ce = {k: np.asarray(v, dtype=np.float64) for k, v in part["ce"].items()}
         out += [{**compare("student", k, [ce["student"]], [ce[k]], [seed]), "held_out": name} for k in ("untrained", "teacher")]
@@ -225,8 +245,13 @@ def gap_text(share: float | None, reason: str | None = None) -> str:
 
 
 def gate_text(gates_: Mapping[str, Mapping[str, Any]]) -> str:
-    """``"quality PASS, context FAIL"`` for a report cell."""
-    return ", ".join(f"{k} {'PASS' if v['passed'] else 'FAIL'}" for k, v in gates_.items())
+    """``"quality PASS, context FAIL"`` (``undefined`` for a gate whose ``passed`` is None) for a report cell."""
+    return ", ".join(f"{k} {verdict_word(v['passed'])}" for k, v in gates_.items())
+
+
+def verdict_word(passed: bool | None) -> str:
+    """``PASS``, ``FAIL``, or ``undefined`` (``None``: the gate cannot be judged)."""
+    return "undefined" if passed is None else "PASS" if passed else "FAIL"
 
 
 def summary_line(report: Mapping[str, Any]) -> str:
@@ -361,7 +386,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         desc = {"quality": "share of CE gap recovered", "context": "student / teacher context use"}
         lines += ["## Gates", "", table(["gate", "value", "threshold", "result", "why"],
                                         [[f"{k} ({desc.get(k, k)})", num(g["value"], ".3f"), g["threshold"],
-                                          "PASS" if g["passed"] else "FAIL", g.get("reason") or ""]
+                                          verdict_word(g["passed"]), g.get("reason") or ""]
                                          for k, g in report["gates"].items()]), ""]
     lines += ["## Blocks", "",
               table(["block", "teacher layers", "student layers (from teacher)", "objective", "steps", "first loss",

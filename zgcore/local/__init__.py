@@ -38,7 +38,8 @@ from __future__ import annotations
 from zgcore.data.order import data_order
 from zgcore.training.loop import lr_at
 from zgcore.training.memory import SavedTensorMeter
-from .config import (AUX_HEADS, EXECUTIONS, LOCAL_DEFAULTS, MTP_CHOICES, UNHASHED_TOP, VOCABS, boundaries, expand_seeds, expand_study,
+from .seeds import SEED_VARIES, expand_seeds, seeded, validate_seeds
+from .config import (AUX_HEADS, EXECUTIONS, LOCAL_DEFAULTS, MTP_CHOICES, UNHASHED_TOP, VOCABS, boundaries, expand_study,
                      mtp_boundaries_for, normalise_run, resolve_local, steps_for, study_lrs, sweep_run, tune_budget,
                      validate_local, validate_model, validate_sweep, validate_train)
 from .data import UNK, holdout_split, model_splits, parse_vocab, remap, top_ids, vocab_ids
@@ -49,7 +50,7 @@ from .report import (choose_lr, paper_findings, planned_tokens_per_parameter, pl
 from .training import (STEPS, batch_indices, evaluate_local, measure_activation_memory, step_per_block, step_together,
                        train_local)
 
-__all__ = ["AUX_HEADS", "EXECUTIONS", "LOCAL_DEFAULTS", "MTP_CHOICES", "UNHASHED_TOP", "UNK", "VOCABS", "AuxHead",
+__all__ = ["SEED_VARIES", "seeded", "validate_seeds", "AUX_HEADS", "EXECUTIONS", "LOCAL_DEFAULTS", "MTP_CHOICES", "UNHASHED_TOP", "UNK", "VOCABS", "AuxHead",
            "LocalLM", "ResidualMLP", "STEPS", "SavedTensorMeter", "TransformerTrunk", "batch_indices", "boundaries",
            "build_local", "choose_lr", "planned_tokens_per_parameter", "tokens_per_parameter", "data_order", "evaluate_local", "expand_seeds", "expand_study", "holdout_split", "llama_config",
            "load_local", "lr_at", "measure_activation_memory", "model_splits", "mtp_boundaries_for", "mtp_targets",

@@ -77,6 +77,11 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "lr_rounds": 4,
         "tune_fraction": 1.0,  # tuning runs see this share of train.token_budget (1.0: the tuning run is the final run)
         "tune_sequences": 64,  # training sequences held out (seeded) to pick each configuration's lr; never trained on
+        # seeds whose runs search the lr (their runs are listed apart, never reported); every seed of `seeds` then trains
+        # each configuration at the lr its search chose. [] = each seed searches its own lr and reports its chosen candidate
+        "search_seeds": [],
+        # add "K=1 (e2e, FLOPs-matched)": end to end with as many steps as the most expensive configuration's FLOPs buy
+        "flops_matched": False,
     },
     "eval": {
         "batch_size": 16,  # sequences per evaluation forward
@@ -84,7 +89,9 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "max_sequences": 0,
         "subset_seed": 0,  # seed of that subset
     },
-    "seeds": None,  # e.g. [0, 1, 2]: every configuration once per seed (train.seed replaced; data order and tokens shared)
+    # e.g. [0, 1, 2]: every configuration once per seed; the seed replaces train.seed and train.data_seed (initialisation,
+    # data order and tuning split: the whole run's randomness); every configuration of one seed sees the same tokens
+    "seeds": None,
 }
 UNHASHED_TOP = {"name", "device"}
 
@@ -231,7 +238,10 @@ def resolve_local(file: str | os.PathLike | None = None, overrides: str | Mappin
         raise ConfigError(f"seeds must be a non-empty list of distinct non-negative integers, got {seeds!r}")
     validate_local(cfg["local"], cfg["model"]["n_layers"])
     validate_sweep(cfg["study"], cfg["train"], int(cfg["corpus"]["seq_len"]))
-    expand_study(cfg)  # validates every configuration of the sweep
+    from .seeds import expand_seeds, validate_seeds
+
+    validate_seeds(cfg)
+    expand_seeds(cfg)  # validates every configuration of the sweep (and sizes the FLOPs-matched arm)
     return cfg
 
 
@@ -294,10 +304,12 @@ def _explicit_cells(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> list[tup
     for i, c in enumerate(cfg["study"]["configs"]):
         if not isinstance(c, Mapping):
             raise ConfigError(f"study.configs[{i}] must be a table such as {{K = 4, aux = \"mlp\", mtp = \"first\"}}, got {c!r}")
-        _check_keys(f"study.configs[{i}]", c, {"K": 0, "aux": 0, "mtp": 0})
+        _check_keys(f"study.configs[{i}]", c, {"K": 0, "aux": 0, "mtp": 0, "lr": 0})
         if "K" not in c:
             raise ConfigError(f"study.configs[{i}] needs K")
-        out.append((_int(f"study.configs[{i}].K", c["K"]), c.get("aux", base["local"]["aux"]), c.get("mtp", "off")))
+        if "lr" in c:
+            _num(f"study.configs[{i}].lr", c["lr"], positive=True)
+        out.append((_int(f"study.configs[{i}].K", c["K"]), c.get("aux", base["local"]["aux"]), c.get("mtp", "off"), c.get("lr")))
     return out
 
 
@@ -327,19 +339,19 @@ def expand_study(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(explicit, (list, tuple)):
             raise ConfigError(f"study.configs must be a list of tables {{K, aux, mtp}}, got {explicit!r}")
         combos = _explicit_cells(cfg, base)
-        ks = [k for k, _, _ in combos]
+        ks = [k for k, _, _, _ in combos]
     else:
         if not auxs or not mtps:
             raise ConfigError("study.aux and study.mtp must each list at least one choice")
         combos = []
         for k in ks:
             _int("study.K entry", k)
-            combos += [(int(k), aux, mtp) for aux in (["none"] if k == 1 else auxs) for mtp in (["off"] if k == 1 else mtps)]
+            combos += [(int(k), aux, mtp, None) for aux in (["none"] if k == 1 else auxs) for mtp in (["off"] if k == 1 else mtps)]
     if 1 not in ks:
         where = "study.configs must include a configuration with K=1" if explicit else f"study.K={ks} must include 1"
         raise ConfigError(f"{where}: K=1 (end-to-end backprop) is the baseline every gap is measured against")
     cells, seen = [], set()
-    for k, aux, mtp in combos:
+    for k, aux, mtp, lr in combos:
         aux = "none" if k == 1 else aux
         loc = {**cfg["local"], "K": k, "aux": aux if k > 1 else cfg["local"]["aux"],
                "mtp_boundaries": mtp_boundaries_for(mtp, k)}
@@ -348,25 +360,9 @@ def expand_study(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
         if (k, aux, label) in seen:
             raise ConfigError(f"study.configs lists K={k}, aux={aux}, mtp={label} twice")
         seen.add((k, aux, label))
-        cells.append({"K": k, "aux": aux, "mtp": label, "run": normalise_run({**base, "local": loc})})
+        train = base["train"] if lr is None else {**base["train"], "lr": float(lr)}
+        cells.append({"K": k, "aux": aux, "mtp": label, "run": normalise_run({**base, "train": train, "local": loc})})
     return cells
-
-
-def expand_seeds(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The study's cells (:func:`expand_study`) once per seed of ``cfg["seeds"]`` (seed-major), each
-    with ``"seed"`` and its run's ``train.seed`` replaced (model and aux-head initialisation; the
-    data order ``train.data_seed``, and so the tokens every run sees, stay shared); without
-    ``seeds`` the cells of ``train.seed``."""
-    cells = expand_study(cfg)
-    if not cfg.get("seeds"):
-        return [{**c, "seed": int(c["run"]["train"]["seed"])} for c in cells]
-    out = []
-    for s in cfg["seeds"]:
-        for c in cells:
-            run = copy.deepcopy(c["run"])
-            run["train"]["seed"] = int(s)
-            out.append({**c, "seed": int(s), "run": run})
-    return out
 
 
 def boundaries(n_layers: int, k: int) -> list[int]:

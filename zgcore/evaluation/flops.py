@@ -1,0 +1,82 @@
+"""Training FLOPs of the distillation study's arms: what each arm spent, beside its tokens and its
+student layer-token passes, so that "matched" can name the quantity it matches.
+
+Counting (Kaplan et al. 2020, "Scaling laws for neural language models", Table 1): a decoder
+layer's forward costs ``2 P + 2 T d`` FLOPs per token (``P`` its parameters, ``T`` the sequence
+length, ``d`` the width: the attention scores and their weighted sum); an LM head's forward
+``2 V d``; a training step (forward and backward) three times its forward. Per arm:
+
+* student: forward and backward of the layers it trains, and of the student's LM head where the
+  loss goes through it (end-to-end distillation and healing; blockwise blocks regress hidden
+  states and never run it);
+* teacher: its forwards — with cached targets the cache build (every train and validation
+  sequence through the teacher up to the last boundary, once; the cache serves arms (a) and (c),
+  so each is charged the whole build, amortised over nothing), with online targets the forward up
+  to each block's output boundary at every step, and for logit distillation (end to end,
+  healing) the whole teacher and its LM head at every step.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+
+def model_parameters(model) -> dict[str, Any]:
+    """``{"layers": [P per decoder layer], "head": LM-head parameters, "width": d}`` of a causal LM
+    (``torch.nn.Module`` with ``get_output_embeddings``)."""
+    from zgcore.models.adapters import adapter_for
+
+    layers = adapter_for(model).decoder_layers(model)
+    cfg = model.config.get_text_config()
+    return {"layers": [int(sum(p.numel() for p in layer.parameters())) for layer in layers],
+            "head": int(model.get_output_embeddings().weight.numel()), "width": int(cfg.hidden_size)}
+
+
+def layers_forward(params: Sequence[int], seq_len: int, width: int) -> int:
+    """Forward FLOPs per token of the decoder layers with ``params`` parameters each: ``sum 2 P + 2 T d``."""
+    return int(sum(2 * p + 2 * seq_len * width for p in params))
+
+
+def arm_flops(name: str, seq_len: int, teacher: Mapping[str, Any], student: Mapping[str, Any],
+              blocks: Sequence[Mapping[str, Any]], batch_sizes: Sequence[int], e2e: Mapping[str, int] | None = None,
+              heal: Mapping[str, int] | None = None, cache_sequences: int | None = None) -> dict[str, Any]:
+    """One arm's training FLOPs.
+
+    Args:
+        name: ``blockwise`` | ``healed`` (blocks, then healing) | ``e2e`` | ``e2e_healed`` (end to end).
+        teacher, student: :func:`model_parameters` of each.
+        blocks: each TrainBlock's metrics (``start``, ``end``: teacher layers; ``kept``; ``steps``;
+            ``targets``: cached | online), in block order; ``batch_sizes`` their batch sizes.
+        e2e: ``{"steps", "batch_size"}`` of an end-to-end arm. heal: ``{"steps", "batch_size"}``.
+        cache_sequences: sequences the cache build ran through the teacher (train + val).
+
+    Returns:
+        ``{"student", "teacher", "total"}`` (FLOPs, int) and ``"teacher_mode"`` (what the teacher term is).
+    """
+    T = int(seq_len)
+    t_full = layers_forward(teacher["layers"], T, teacher["width"]) + 2 * teacher["head"]
+    s_layers = [layers_forward([p], T, student["width"]) for p in student["layers"]]
+    s_full = sum(s_layers) + 2 * student["head"]
+    stu = tea = 0
+    modes = []
+    if name in ("blockwise", "healed"):
+        at = 0
+        for b, bs in zip(blocks, batch_sizes):
+            n = len(b["kept"])
+            tokens = int(b["steps"]) * int(bs) * T
+            stu += 3 * tokens * sum(s_layers[at: at + n])
+            at += n
+            if b["targets"] == "online":
+                tea += tokens * layers_forward(teacher["layers"][: int(b["end"])], T, teacher["width"])
+        if any(b["targets"] == "cached" for b in blocks):
+            last = max(int(b["end"]) for b in blocks)
+            tea += int(cache_sequences or 0) * T * layers_forward(teacher["layers"][:last], T, teacher["width"])
+            modes.append("cache build (whole, once)")
+        if any(b["targets"] == "online" for b in blocks):
+            modes.append("online forwards")
+    steps = e2e if name in ("e2e", "e2e_healed") else heal if name == "healed" else None
+    if steps:
+        tokens = int(steps["steps"]) * int(steps["batch_size"]) * T
+        stu += 3 * tokens * s_full
+        tea += tokens * t_full
+        modes.append("online forwards of the whole teacher and its LM head")
+    return {"student": int(stu), "teacher": int(tea), "total": int(stu + tea), "teacher_mode": "; ".join(modes)}
