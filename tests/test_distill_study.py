@@ -150,6 +150,14 @@ def test_distill_study_over_seeds_compares_runs_reproducibly(tmp_path, run_graph
         (x,) = r["extra"]
         assert x["name"] == "stdlib-docstrings" and set(x["arms"]) == {"blockwise", "e2e", "healed", "e2e_healed"}
         assert all(v["ce"] > 0 for v in x["arms"].values())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    e2e_runs = sorted((tmp_path / "tensorboard" / "DistillE2E").iterdir())
+    assert len(e2e_runs) == 6 and sum(p.name.startswith("e2e-") and "-heal" in p.name for p in e2e_runs) == 3  # arm (d)
+    acc = EventAccumulator(str(e2e_runs[0]))
+    acc.Reload()  # the tags docs/performance.md lists
+    assert {"loss/loss", "loss/kd", "lr", "grad_norm", "throughput/tokens_per_s", "throughput/data_wait_fraction"} <= set(
+        acc.Tags()["scalars"])
     fl = {a["name"]: a["flops"] for a in per_seed[0]["arms"]}
     assert fl["healed"]["student"] > fl["blockwise"]["student"] and fl["e2e_healed"]["total"] > fl["e2e"]["total"]
     two = build_distill_study(load_config("", "seeds=[0,1] eval.max_sequences=6 " + extra, "distill_tiny", seeded_heal=True),

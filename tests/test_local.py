@@ -263,6 +263,14 @@ def test_study_over_seeds_compares_runs_on_the_same_random_test_rows(tmp_path, r
     md = (report.out_dir / "report.md").read_text()
     assert "## Over seeds [0, 1, 2]" in md and "## Comparisons" in md and "**plumbing check: descriptive only**" in md
     assert "train FLOPs" in md and "a seed sets the whole run's randomness" in md
+    runs = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "tensorboard" / "local-tiny" / "PretrainLocal").iterdir())
+    assert runs == ["K1-e2e-s0", "K1-e2e-s1", "K1-e2e-s2", "K2-mlp-s0", "K2-mlp-s1", "K2-mlp-s2"]  # study, arm, seed
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(next((tmp_path / "tensorboard" / "local-tiny" / "PretrainLocal").glob("K2-mlp-s0-*"))))
+    acc.Reload()  # the tags docs/performance.md lists
+    assert {"loss/ce_b1", "loss/ce_b2", "lr", "grad_norm/group0", "grad_norm/group1", "throughput/tokens_per_s",
+            "throughput/data_wait_fraction"} <= set(acc.Tags()["scalars"])
     two = over.replace("seeds=[0,1,2]", "seeds=[0,1]")
     ok, ran = run_graph(LocalLearningStudy(preset="local_tiny", set=two, outputs=str(tmp_path)))
     assert ok and [f for f, _ in ran if f != "LocalLearningStudy"] == ["LocalStudyReport"]  # every run reused

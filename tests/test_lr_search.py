@@ -65,3 +65,12 @@ def test_the_rounds_bound_stops_the_search():
 def test_bad_learning_rates_raise(bad):
     with pytest.raises(ValueError):
         ls.next_lrs(bad)
+
+
+def test_numpy_scores_count_as_finite_and_bools_and_nan_do_not():
+    import numpy as np
+
+    from zgcore.training.lr_search import _finite
+
+    assert _finite(np.float32(1.0)) and _finite(np.float64(2.5)) and _finite(3) and _finite(np.int64(4))
+    assert not any(_finite(x) for x in (None, True, float("nan"), np.float32("inf"), "1.0"))

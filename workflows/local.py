@@ -49,7 +49,8 @@ class LocalLearningStudy(ConfiguredWorkflow):
         config: a TOML/YAML file of overrides (optional). set: ``"local.mtp_n=3 study.K=[1,2]"``.
         preset: ``local_default`` (CPU, ~30 min), ``local_cpu_2tpp`` (CPU, 2 tokens per non-embedding
             parameter with an lr grid, 18.5 min with two workers), ``local_cpu_10tpp`` (CPU, 10 tokens per
-            non-embedding parameter, each configuration's lr searched at the full budget; ~1-1.5 h estimated),
+            non-embedding parameter, each configuration's lr searched at the full budget; 76 min measured),
+            ``local_cpu_5seed`` (CPU, five runs per configuration at fixed lrs and a FLOPs-matched K=1 arm),
             ``local_tiny`` (seconds), ``local_gpu_125m``, ``local_gpu_400m`` (20 tokens per non-embedding parameter).
         outputs: root folder of run artifacts.
 

@@ -203,7 +203,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     searched = search_lines(report)
     search = ("\n\nLearning-rate searches (zgcore.training.lr_search; each candidate at its arm's full budget; blocks scored "
               "by their validation loss, end-to-end arms by held-out CE, both on the validation sequences outside the "
-              "test subset the table's CE is measured on — no lr is chosen on a test sequence):\n\n"
+              "test subset the table's CE is measured on — no lr is chosen on a test sequence; the reported run is its "
+              "own search's chosen candidate, so its run-level luck helped choose it: a selection bias a study over "
+              "seeds measures against the other seeds):\n\n"
               + "\n".join(searched)) if searched else ""
     return (f"# Distillation study: {report['name']}\n\n" + banner(report) + "Teacher `{report['teacher']}`; held-out CE (nats/token) of the "
             f"teacher {num(report['ce_teacher'])}, of the untrained student {num(report['ce_untrained'])} "

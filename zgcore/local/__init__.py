@@ -39,8 +39,9 @@ from zgcore.data.order import data_order
 from zgcore.training.loop import lr_at
 from zgcore.training.memory import SavedTensorMeter
 from .seeds import SEED_VARIES, expand_seeds, seeded, validate_seeds
+from .resolve import resolve_local
 from .config import (AUX_HEADS, EXECUTIONS, LOCAL_DEFAULTS, MTP_CHOICES, UNHASHED_TOP, VOCABS, boundaries, expand_study,
-                     mtp_boundaries_for, normalise_run, resolve_local, steps_for, study_lrs, sweep_run, tune_budget,
+                     mtp_boundaries_for, normalise_run, steps_for, study_lrs, sweep_run, tune_budget,
                      validate_local, validate_model, validate_sweep, validate_train)
 from .data import UNK, holdout_split, model_splits, parse_vocab, remap, top_ids, vocab_ids
 from .model import (AuxHead, LocalLM, ResidualMLP, TransformerTrunk, build_local, llama_config, load_local, mtp_targets,

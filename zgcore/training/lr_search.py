@@ -26,7 +26,10 @@ _TOL = 1e-9
 
 
 def _finite(score: Any) -> bool:
-    return score is not None and isinstance(score, (int, float)) and math.isfinite(score)
+    """A real, finite score (Python or NumPy number; not a bool, not None)."""
+    import numbers
+
+    return isinstance(score, numbers.Real) and not isinstance(score, bool) and math.isfinite(float(score))
 
 
 def _check(results: Mapping[float, Any]) -> list[float]:
