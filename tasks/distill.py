@@ -12,7 +12,7 @@ from zgcore.data import corpus
 from zgcore.training import distill as zdistill
 from zgcore.atomic import write_json, write_text
 from zgcore.evaluation.compare import descriptive as describe_only
-from zgcore.evaluation.flops import arm_flops
+from zgcore.evaluation.flops import add_flops
 from zgcore.evaluation.report import plumbing_check
 from zgcore.evaluation.compare import SCORES, check_same_sequences, load_scores, save_scores, scores_part
 from zgcore.config.distill import distill_hashed
@@ -387,15 +387,9 @@ class DistillStudyReport(_StudentTask):
         rep["descriptive"] = plumbing_check(self.teacher)
         if rep["descriptive"]:
             describe_only(rep["comparisons"])
-        if a.get("parameters"):
-            n_cache = (cache["n_train"] + cache["n_val"]) if "cache" in req else None
-            steps = {"e2e": {"steps": e2e["steps"], "batch_size": int(self.distill["batch_size"])},
-                     "e2e_healed": {"steps": e2e_h["steps"], "batch_size": int(self.distill["batch_size"])}}
-            for arm_ in arms:
-                arm_["flops"] = arm_flops(arm_["name"], seq, a["parameters"]["teacher"], a["parameters"]["student"], a["blocks"],
-                                          [int(t["batch_size"]) for t in self.blocks], e2e=steps.get(arm_["name"]),
-                                          heal={"steps": int(self.heal["steps"]), "batch_size": int(self.heal["batch_size"])},
-                                          cache_sequences=n_cache)
+        bs = int(self.distill["batch_size"])
+        add_flops(arms, seq, a, [int(t["batch_size"]) for t in self.blocks], {"e2e": (e2e["steps"], bs), "e2e_healed": (
+            e2e_h["steps"], bs), "healed": (int(self.heal["steps"]), int(self.heal["batch_size"]))}, cache if "cache" in req else None)
         untrained = load_scores(req["blockwise"].out_dir / SCORES)["val"]["ce"]["untrained"]
         distill_report.verdict_gates(arms, scores, untrained, seed)  # a gate passes only on a resolved verdict
         with self.building() as tmp:

@@ -80,3 +80,26 @@ def arm_flops(name: str, seq_len: int, teacher: Mapping[str, Any], student: Mapp
         tea += tokens * t_full
         modes.append("online forwards of the whole teacher and its LM head")
     return {"student": int(stu), "teacher": int(tea), "total": int(stu + tea), "teacher_mode": "; ".join(modes)}
+
+
+def add_flops(arms: Sequence[dict[str, Any]], seq_len: int, blockwise: Mapping[str, Any], batch_sizes: Sequence[int],
+              steps: Mapping[str, tuple[int, int]], manifest: Mapping[str, Any] | None) -> None:
+    """Give every arm of a distillation study its ``flops`` (:func:`arm_flops`), in place.
+
+    Args:
+        arms: the study's arms (``name`` each). blockwise: the blockwise arm's Evaluate report
+            (``parameters``, ``blocks``); nothing is added without ``parameters``.
+        batch_sizes: each block's batch size. steps: ``{"e2e" | "e2e_healed" | "healed": (steps,
+            batch size)}`` of the end-to-end arms and of healing. manifest: the teacher cache's
+            manifest (``n_train``, ``n_val``), or None (online targets).
+    """
+    par = blockwise.get("parameters")
+    if not par:
+        return
+    n_cache = int(manifest["n_train"]) + int(manifest["n_val"]) if manifest else None
+    as_dict = {k: {"steps": int(n), "batch_size": int(b)} for k, (n, b) in steps.items()}
+    for arm in arms:
+        name = arm["name"]
+        arm["flops"] = arm_flops(name, seq_len, par["teacher"], par["student"], blockwise["blocks"], batch_sizes,
+                                 e2e=as_dict.get(name) if name.startswith("e2e") else None, heal=as_dict.get("healed"),
+                                 cache_sequences=n_cache)
