@@ -17,7 +17,7 @@ def student_scores(e: Evaluate) -> dict:
     """The held-out split's per-sequence CE of a finished Evaluate: ``{"teacher", "untrained",
     "student": float64 [n]}`` (nats/token), and ``"subset_sha256"``, the rows it scored."""
     d = load_scores(e.out_dir / SCORES)["val"]
-    return {**d["ce"], "subset_sha256": d["subset_sha256"]}
+    return {**d["ce"], "subset_sha256": d["subset_sha256"], "documents": d.get("documents")}
 
 
 class _ManyEvaluations(ZGTask):
@@ -87,6 +87,7 @@ class ObjectiveStudyReport(_ManyEvaluations):
             arms.append({"objective": a["objective"], "targets": a["targets"], "seed": a["seed"], "multi_seed": len(seeds) > 1,
                          "report": json.loads((ev.out_dir / "report.json").read_text()),
                          "scores": student_scores(ev)["student"], "subset": student_scores(ev)["subset_sha256"],
+                         "documents": student_scores(ev)["documents"],
                          "block_files": [b.out_dir / "block.safetensors" for b in blocks]})
         check_same_sequences([a["subset"] for a in arms], "objective study's arms")
         result = study.objective_study(arms)

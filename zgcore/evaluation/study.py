@@ -52,7 +52,8 @@ def seed_summary(reports: Sequence[dict[str, Any]], seeds: Sequence[int],
     comparisons = []
     if scores is not None:
         arms = {k: {s: sc[k] for s, sc in zip(seeds, scores)} for k in ("student", "untrained", "teacher")}
-        comparisons = compare_arms([("student", "untrained"), ("student", "teacher")], arms)
+        comparisons = compare_arms([("student", "untrained"), ("student", "teacher")], arms,
+                                   groups=scores[0].get("documents") if scores else None)
         if reports and reports[0].get("teacher_note"):  # a random teacher: a plumbing check, no verdict
             descriptive(comparisons)
     return {"seeds": list(seeds), "rows": rows, "aggregate": agg, "undefined": undefined, "comparisons": comparisons,
@@ -140,7 +141,7 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
     tgs = list(dict.fromkeys(a["targets"] for a in arms))
     pairs = [(f"{x}/{tg}", f"{y}/{tg}") for tg in tgs for x, y in (("noisy", "clean"), ("denoise", "clean"), ("denoise", "noisy"))]
     pairs += [(f"{o}/online", f"{o}/cached") for o in objs]
-    comps = compare_arms(pairs, groups)
+    comps = compare_arms(pairs, groups, groups=next((a.get("documents") for a in arms if a.get("scores") is not None), None))
     if any(r.get("teacher_note") for r in rows):  # a random teacher: a plumbing check, no verdict
         descriptive(comps)
     return {"rows": rows, "identical": identical, "comparisons": comps}
