@@ -91,3 +91,39 @@ def test_writers_sigkilled_mid_task_leave_nothing_after_the_next_run(tmp_path):
     said = [line for line in (r.stdout + r.stderr).splitlines() if "left by a writer that no longer runs" in line]
     assert len(said) == 4, said
     assert list(out.glob("Evaluate/*/report.md")) and len(list(out.glob("TrainBlock/*/block.safetensors"))) == 2
+
+
+def test_verify_checks_every_output_file_and_clean_removes_dead_writers_leftovers(tmp_path):
+    """`zerograph verify` reads every file of every finished output in full against its task.json
+    SHA-256 (not the per-process cache): a byte flipped in block 0's weights (same size and
+    modification time) is named, exit 1, and the block's folder moved aside; `--clean` first
+    removes a temporary folder whose writer died, and keeps a live writer's."""
+    import luigi
+    from typer.testing import CliRunner
+
+    from workflows import RunExperiment
+    from workflows.cli import app
+
+    out = tmp_path / "out"
+    cfg = tiny_cfg(**{"train.max_steps": 3})
+    assert luigi.build([RunExperiment(preset="", set=cfg, outputs=str(out))], local_scheduler=True, log_level="WARNING")
+    args = ["verify", "--preset", "", "--set", cfg, "--outputs", str(out)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0 and "all whole" in r.output, r.output
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = out / "Evaluate" / f".report-x.tmp-{this_host()}-{int(dead.stdout)}-0a1b2c3d"
+    alive = out / "Evaluate" / f".report-x.tmp-{this_host()}-{os.getpid()}-0a1b2c3d"
+    for p in (gone, alive):
+        p.mkdir()
+    (f,) = sorted(out.glob("TrainBlock/block0-*/block.safetensors"))
+    st, raw = f.stat(), bytearray(f.read_bytes())
+    raw[-10] ^= 0x01
+    f.write_bytes(raw)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = CliRunner().invoke(app, [*args, "--clean"])
+    assert r.exit_code == 1, r.output
+    assert f"removed {gone}" in r.output and not gone.exists() and alive.is_dir()
+    damaged = [line for line in r.output.splitlines() if line.startswith("damaged: ")]
+    assert len(damaged) == 1 and str(f) in damaged[0] and "SHA-256" in damaged[0], r.output
+    assert not f.parent.exists() and list(f.parent.parent.glob(f"{f.parent.name}.damaged-*"))

@@ -32,8 +32,13 @@ def test_verify_exits_0_on_a_whole_store_and_1_naming_a_shard_with_one_flipped_d
     r = _verify(out)
     m = json.loads((join.out_dir / "manifest.json").read_text())
     assert r.exit_code == 0, r.output
-    # every shard (its file per boundary) and the join's statistics, every byte of them
-    assert f"verified {m['n_shards'] + 1} item(s)" in r.stdout and "all whole" in r.stdout
+    # every shard (its file per boundary) and the join's statistics, every byte of them; and every
+    # finished task output with content hashes (the teacher, the corpus, the join's own files)
+    from workflows.verify_outputs import task_outputs
+
+    n_outputs = len(task_outputs(walk(build_experiment(load_config(overrides=CFG, preset=""), str(out)))))
+    assert n_outputs == 3
+    assert f"verified {m['n_shards'] + 1 + n_outputs} item(s)" in r.stdout and "all whole" in r.stdout
     assert m["n_shards"] >= 3
 
     sh = m["shards"][1]

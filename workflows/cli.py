@@ -118,14 +118,23 @@ def report(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
 
 
 @app.command()
-def verify(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt):
+def verify(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
+           clean: bool = typer.Option(False, "--clean", help="first remove every temporary file or folder under "
+                                      "--outputs whose writer is gone (killed, node lost)"),
+           stale_hours: float = typer.Option(24.0, "--stale-hours", help="with --clean: a temporary name written on "
+                                             "another host is a dead writer's once unchanged this long")):
     """Check every byte of an experiment's stored artefacts that a run checks only in part when it
     reads them (every shard of the boundary store, against the SHA-256 recorded when it was
-    written; the statistics files), with a progress bar. Each damaged shard or file is named and
+    written; the statistics files; every file of every finished task output, against the SHA-256
+    in its task.json), with a progress bar. Each damaged shard, file or output is named and
     moved aside (<folder>.damaged-<time>) so that the next run rebuilds it; exits 1 if any was
     damaged, 0 when all are whole, 2 on a configuration error."""
     from .verify import verify as run_checks
+    from .verify_outputs import clean_leftovers
 
+    if clean:
+        for p in clean_leftovers(outputs, stale_hours * 3600):
+            typer.echo(f"removed {p}, left by a writer that no longer runs")
     items, problems = run_checks(walk(_graph(config, set, preset, outputs)))
     for path, why in problems:
         typer.echo(f"damaged: {path}: {why}", err=True)

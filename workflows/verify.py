@@ -84,3 +84,8 @@ def verify(tasks: Sequence[ZGTask], checkers: Iterable[Checker] | None = None,
         for item in items:
             problems += item.check(pb.update)
     return items, problems
+
+
+from .verify_outputs import task_outputs  # noqa: E402 (it builds on Item above)
+
+CHECKERS.append(task_outputs)  # every finished output's files against the SHA-256 in its task.json
