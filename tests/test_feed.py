@@ -375,7 +375,9 @@ def test_the_end_to_end_arm_and_local_learning_write_their_runs_too(tmp_path, ru
     out = tmp_path / "local"
     over = "study.K=[1,2] study.aux=[mlp] study.mtp=[off]"
     assert run_graph(LocalLearningStudy(preset="local_tiny", set=over, outputs=str(out)))[0]
-    runs = sorted((out / "tensorboard" / "PretrainLocal").iterdir())
+    studies = [p.name for p in (out / "tensorboard").iterdir()]
+    assert studies == ["local-tiny"]  # runs are named by the study, then the task family, then the arm
+    runs = sorted((out / "tensorboard" / "local-tiny" / "PretrainLocal").iterdir())
     assert [r.name.split("-")[0] for r in runs] == ["K1", "K2"]  # one run per configuration
     tags = _scalars(runs[1])
     assert tags["loss/ce_b1"] == tags["loss/ce_b2"] == list(range(1, 9)) and "loss/mtp_b1" not in tags  # NaN: skipped
