@@ -6,7 +6,7 @@ layers themselves (HF ``output_hidden_states`` applies the final norm to its las
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -243,24 +243,37 @@ def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
         cfg.layer_types = layer_types
     with torch.device("meta"):
         student = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg))
-    prefix = ad.layer_prefix()
+    def padded(b: StudentBlock, lsd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return pad_layer(lsd, teacher.config, b.width, width) if b.width < width else lsd
+
+    return fill_student(student, teacher, blocks, padded).eval()
+
+
+def fill_student(student: nn.Module, teacher: nn.Module, blocks: Sequence[StudentBlock],
+                 layer_state: Callable[[StudentBlock, dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None) -> nn.Module:
+    """Fill a student built on the meta device: the teacher's weights outside its decoder layers
+    (embedding, final norm, LM head), then every block's layers in order, renumbered from 0;
+    ``layer_state(block, state_dict)`` may reshape a layer's tensors first (e.g. zero-pad an MLP).
+    Ties the word embeddings where the config says so and rebuilds non-persistent buffers (rotary
+    ``inv_freq``, GPT-2 masks) that were created on meta. Returns ``student`` (its tensors' dtypes
+    as loaded). Raises ``RuntimeError`` when a parameter is left unfilled."""
+    prefix = adapter_for(teacher).layer_prefix()
     sd = {k: v for k, v in teacher.state_dict().items() if not k.startswith(prefix)}
     offset = 0
     for b in blocks:
         for j, layer in enumerate(b.layers):
             lsd = layer.state_dict()
-            for k, v in (pad_layer(lsd, teacher.config, b.width, width) if b.width < width else lsd).items():
+            for k, v in (layer_state(b, lsd) if layer_state else lsd).items():
                 sd[f"{prefix}{offset + j}.{k}"] = v.detach().clone()
         offset += len(b.layers)
     student.load_state_dict(sd, strict=False, assign=True)
     missing = [n for n, p in student.named_parameters() if p.is_meta]
     if missing:
         raise RuntimeError(f"assembled student has unfilled parameters: {missing[:5]}")
-    if cfg.tie_word_embeddings:
+    if student.config.tie_word_embeddings:
         student.tie_weights()
-    # Non-persistent buffers (rotary inv_freq, GPT-2 masks) were created on meta; rebuild them.
     _materialise_buffers(student, teacher)
-    return student.eval()
+    return student
 
 
 def _materialise_buffers(student: nn.Module, teacher: nn.Module) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from zgcore.models.adapters import StudentBlock, _materialise_buffers, adapter_for
+from zgcore.models.adapters import StudentBlock, adapter_for, fill_student
 from zgcore.models.families import attn_implementation
 from zgcore.models.heads import kv_heads as teacher_kv_heads
 
@@ -82,22 +82,7 @@ def assemble_exact(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Mod
         hcfg._attn_implementation = attn_implementation(cfg)
         with torch.device("meta"):
             student = ZGHeteroLlamaForCausalLM(hcfg)
-    prefix = ad.layer_prefix()
-    sd = {k: v for k, v in teacher.state_dict().items() if not k.startswith(prefix)}
-    offset = 0
-    for b in blocks:
-        for j, layer in enumerate(b.layers):
-            for k, v in layer.state_dict().items():
-                sd[f"{prefix}{offset + j}.{k}"] = v.detach().clone()
-        offset += len(b.layers)
-    student.load_state_dict(sd, strict=False, assign=True)
-    missing = [n for n, p in student.named_parameters() if p.is_meta]
-    if missing:
-        raise RuntimeError(f"assembled student has unfilled parameters: {missing[:5]}")
-    if student.config.tie_word_embeddings:
-        student.tie_weights()
-    _materialise_buffers(student, teacher)
-    return student.float().eval()
+    return fill_student(student, teacher, blocks).float().eval()
 
 
 def save_student(student: nn.Module, tokenizer, folder: str | os.PathLike) -> bool:
