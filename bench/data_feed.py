@@ -36,9 +36,12 @@ from the page cache.
     :func:`zgcore.data.feed.block_batches` with two reader threads reading and checking ahead (a
     synthetic store of ``--slowdown-hidden`` 2048 bfloat16, 256 tokens: 1 MiB per sequence, 16 MiB
     per batch of both boundaries, :mod:`bench.store_scale`), and with two worker processes for
-    comparison: best of 3 interleaved runs each; the line gives time with readers / time without
+    comparison: interleaved rounds (``--repeats``, at least 3), the line gives the median over rounds of time with readers / the same round's time without
     - 1 (target < 0.05). On a machine with fewer free cores than threads, CPU contention is in
-    the figure as well as the GIL: the load average is printed beside it.
+    the figure as well as the GIL: the load average is printed beside it. ``--pin`` runs the
+    training thread on core 0 and the reader threads (and worker processes) on core 1, which
+    removes that contention and leaves what a machine with cores to spare sees: the GIL
+    hand-overs, memory bandwidth, caches. Timing starts after each arm's first batch.
     ``--slowdown-only`` runs just this part.
 """
 from __future__ import annotations
@@ -75,6 +78,8 @@ def parse(argv=None):
     p.add_argument("--batches", type=int, default=None, help="batches per simulated run (default 200; 40 quick)")
     p.add_argument("--workers", type=int, default=1, help="prefetching workers (train.prefetch_workers)")
     p.add_argument("--prefetch", type=int, default=None, help="batches ahead (default: train.prefetch's default)")
+    p.add_argument("--pin", action="store_true", help="(d) with the training thread on core 0 and the reader threads on "
+                   "core 1: no CPU contention between them, what a machine with cores to spare sees (2+ cores, Linux)")
     p.add_argument("--slowdown-only", action="store_true", help="only (d), the training-loop slowdown beside reader threads")
     p.add_argument("--slowdown-hidden", type=int, default=2048, help="hidden size of (d)'s store (bfloat16)")
     p.add_argument("--ops", type=int, default=300, help="small torch ops per training-like step in (d)")
@@ -234,19 +239,57 @@ def identity(path: Path, model, a) -> bool:
     return weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
-def _train_like(batches, n_ops: int) -> float:
-    """Seconds for a loop that takes a batch and runs ``n_ops`` small torch ops per step."""
+def _started(batches, pin: bool):
+    """``batches`` as an iterator whose first item has been taken (so that reader threads have
+    started); with ``pin`` the threads it starts run on core 1 (they inherit the affinity of the
+    thread that starts them) and the calling (training) thread on core 0 afterwards."""
+    import os
+
+    it = iter(batches)
+    if pin:
+        os.sched_setaffinity(0, {1})  # 0: the calling thread
+    next(it)
+    if pin:
+        os.sched_setaffinity(0, {0})
+    return it
+
+
+def _ops(x: torch.Tensor, n_ops: int) -> torch.Tensor:
+    for _ in range(n_ops):
+        x = torch.tanh(x * 0.5 + 0.1)
+    return x
+
+
+def _windows(batches, n_ops: int, windows: int, width: int = 3) -> tuple[list[float], list[float]]:
+    """Seconds of ``windows`` pairs of windows of ``width`` training-like steps (``n_ops`` small
+    torch ops each), alternating: a window whose first step takes a batch from ``batches`` (so the
+    workers read and check one batch during it), then a window that takes none (the workers are
+    idle: their queue is full). Returns (with a batch, without), in order: paired minutes apart by
+    milliseconds, so that this machine's drifts hit both alike."""
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
-    t0 = time.perf_counter()
-    for _ in batches:
-        for _ in range(n_ops):
-            x = torch.tanh(x * 0.5 + 0.1)
-    return time.perf_counter() - t0
+    took, idle = [], []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        next(batches)
+        for _ in range(width):
+            x = _ops(x, n_ops)
+        t1 = time.perf_counter()
+        for _ in range(width):
+            x = _ops(x, n_ops)
+        took.append(t1 - t0)
+        idle.append(time.perf_counter() - t1)
+    return took, idle
 
 
 def step_slowdown(root: Path, a, ahead: int) -> dict:
-    """(d): best-of-3 seconds of the training-like loop fed from memory, by two reader threads and
-    by two worker processes (interleaved), over ``a.steps`` batches of 8 random sequences."""
+    """(d): what reading and checking one batch ahead costs the training thread, with two worker
+    threads and with two worker processes. Each arm alternates windows of 3 training-like steps
+    that take a batch (the workers then read the next one) with windows that take none (the
+    workers wait), ``a.steps`` pairs; the cost of one batch is the median over pairs of (window
+    with - window without), and the slowdown of a step that takes one batch is that cost / the
+    median step without. Pairs a few milliseconds apart cancel this machine's drifts, which made
+    whole-run comparisons swing by ±30% here. Returns ``{arm: slowdown}`` and prints each arm's
+    cost per batch with its interquartile range."""
     from bench.store_scale import write_store
     from zgcore.data.boundary_store import BoundaryReader
     from zgcore.data.feed import block_batches
@@ -255,27 +298,35 @@ def step_slowdown(root: Path, a, ahead: int) -> dict:
     join = write_store(root / "slowdown", n_seq * 256 * a.slowdown_hidden * 2 / 1e9, a.slowdown_hidden, 256)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    out = {}
     try:
         with BoundaryReader(join) as r:
             n = r.n("train")
-            arms = {"memory": lambda: [b for b in block_batches(r, 0, 1, n, 0, 8, 0, a.steps, 0)],
-                    "threads": lambda: block_batches(r, 0, 1, n, 0, 8, 0, a.steps, ahead, workers=2, mode="thread"),
-                    "processes": lambda: block_batches(r, 0, 1, n, 0, 8, 0, a.steps, ahead, workers=2, mode="process")}
             t0 = time.perf_counter()
-            preloaded = arms["memory"]()
-            read_s = (time.perf_counter() - t0) / a.steps
-            best = {k: float("inf") for k in arms}
-            for _ in range(3):
-                for k, make in arms.items():
-                    it = iter(preloaded) if k == "memory" else make()
-                    best[k] = min(best[k], _train_like(it, a.ops))
-                    getattr(it, "close", lambda: None)()
+            for _ in block_batches(r, 0, 1, n, 0, 8, 0, 8, 0):
+                pass
+            read_s = (time.perf_counter() - t0) / 8
+            for mode in ("thread", "process"):
+                for _ in range(max(1, a.repeats // 3)):
+                    it = _started(block_batches(r, 0, 1, n, 0, 8, 0, a.steps + 2, ahead, workers=2, mode=mode), a.pin)
+                    time.sleep(0.5)  # the workers fill their queues
+                    took, idle = _windows(it, a.ops, a.steps)
+                    it.close()
+                    cost = np.array(took) - np.array(idle)
+                    step = float(np.median(idle)) / 3
+                    q1, med, q3 = np.percentile(cost, [25, 50, 75])
+                    out.setdefault(mode, []).append(med / step)
+                    print(f"  (d) {mode} workers: one batch costs the training thread {1e3 * med:.2f} ms (IQR {1e3 * q1:.2f} .. "
+                          f"{1e3 * q3:.2f}) against a {1e3 * step:.2f} ms step: slowdown {med / step:.3f}", flush=True)
     finally:
         torch.set_num_threads(threads)
-    step_s = best["memory"] / a.steps
-    print(f"  (d) {a.steps} steps of {a.ops} small ops: {1e3 * step_s:.2f} ms per step alone; reading and checking one "
-          f"batch (16 MiB at hidden {a.slowdown_hidden}) takes {1e3 * read_s:.1f} ms on this thread", flush=True)
-    return {k: best[k] / best["memory"] - 1 for k in ("threads", "processes")}
+        if a.pin:
+            import os
+
+            os.sched_setaffinity(0, set(range(os.cpu_count())))
+    print(f"  (d) {a.steps} window pairs of 3 steps of {a.ops} small ops; reading and checking one batch (16 MiB at "
+          f"hidden {a.slowdown_hidden}) takes {1e3 * read_s:.1f} ms on one thread", flush=True)
+    return {"threads": float(np.median(out["thread"])), "processes": float(np.median(out["process"]))}
 
 
 def main(argv=None) -> int:

@@ -76,7 +76,8 @@ class BoundaryShard(_ShardTask):
     # 2: load_base runs each family with its own attention implementation (Gemma 2: eager, soft-capped)
     # 3: format 4 files (h contiguous and unfiltered, an xxh3_64 per sequence)
     # 4: format 5 records (each file's data range and the SHA-256 of its other bytes, checked at open)
-    code_version = 4
+    # 5: format 6 (values checked finite as stored, after rounding; a read checks the xxh3 only)
+    code_version = 5
     # its files carry their own SHA-256 (shard.json, the join's manifest), checked by the reader when
     # it first opens each file: hashing them again in every complete() would read the whole cache
     content_hashes = False

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from zgcore.data.boundary_store import (BoundaryReader, BoundaryStoreError, STATS_SEQUENCES, build_store, channel_rms,
+from zgcore.data.boundary_store import (FORMAT_VERSION, BoundaryReader, BoundaryStoreError, STATS_SEQUENCES, build_store, channel_rms,
                                    join_shards, plan_shards)
 from zgcore.models.adapters import capture_boundaries
 from zgcore.models.teacher import load, materialise
-from bench.common import as_format_3
+from bench.common import as_format_3, as_format_5
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_a_format_3_store_is_still_read_bitwise_and_an_unknown_format_is_refused
     as_format_3(old)
     idx = [9, 3, 4, 5, 0, 8]
     with BoundaryReader(path) as new, BoundaryReader(old) as r:
-        assert r.version == 3 and new.version == 5
+        assert r.version == 3 and new.version == FORMAT_VERSION == 6
         for b in (0, 2, 4):
             assert torch.equal(r.read("train", b, idx), new.read("train", b, idx))
     f = old / "shards" / "train-00000004" / "b2.h5"
@@ -292,7 +292,8 @@ def test_a_flipped_byte_in_a_statistics_file_fails_naming_it_and_moves_it_aside(
 @pytest.mark.parametrize("dtype,bits", [("float32", 0xFFC00000), ("bfloat16", 0xFFC0), ("bfloat16", 0x7F80),
                                         ("float16", 0xFC00), ("float16", 0x7E00)])
 def test_a_non_finite_stored_value_with_valid_checksums_fails_the_read_naming_the_file(store, tmp_path, fmt, dtype, bits):
-    """The finiteness test runs on the stored bits of every dtype (16-bit: not widened first): a
+    """Formats 3 to 5 (whose writers checked values before rounding them to the storage dtype): the
+    finiteness test runs on the stored bits of every dtype (16-bit: not widened first): a
     NaN or ±inf written into a shard with its checksums recomputed (so only that test can see it)
     fails the read naming the file; the finite value beside it and other shards read as before."""
     from zgcore.data.boundary_store import TORCH_DTYPES
@@ -303,8 +304,7 @@ def test_a_non_finite_stored_value_with_valid_checksums_fails_the_read_naming_th
     _, model, tokens = store
     path = tmp_path / "s"
     build_store(path, model, tokens, [0, 2], dtype, 4, {}, shard_sequences=4, log=lambda m: None)
-    if fmt == 3:
-        as_format_3(path)
+    (as_format_3 if fmt == 3 else as_format_5)(path)  # format 6's reader trusts its writer's check (next test)
     with BoundaryReader(path) as r:
         ref = r.read("train", 2, [0, 5])
     f = path / "shards" / "train-00000004" / "b2.h5"
@@ -372,3 +372,32 @@ def test_a_file_system_error_at_open_or_read_fails_in_one_line_and_keeps_the_sha
     monkeypatch.undo()
     with BoundaryReader(copy) as r:
         assert torch.equal(r.read("train", 2, [4, 5, 6]), ref)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_a_value_that_rounds_to_inf_in_the_storage_dtype_fails_the_build_naming_it(store, tmp_path, dtype):
+    """Format 6 checks the values finite as stored (after rounding), so a read need only match each
+    sequence's xxh3: a teacher whose boundary 0 reaches 1e5 (finite in float32 and bfloat16, inf in
+    float16, largest finite 65504) fails a float16 build and float16 online targets naming the
+    boundary and the dtype, and nothing is left as a complete store; the other dtypes build and read
+    the values back finite."""
+    import copy
+
+    from zgcore.data.boundary_store import OnlineBoundaries
+
+    _, model, tokens = store
+    big = copy.deepcopy(model)
+    with torch.no_grad():
+        big.get_input_embeddings().weight[:, 0] = 1e5  # boundary 0 is the embedding output
+    path = tmp_path / dtype
+    if dtype == "float16":
+        with pytest.raises(BoundaryStoreError, match=r"boundary 0, train sequences 0\.\.3, stored as float16: \d+ non-finite"):
+            build_store(path, big, tokens, [0, 2], dtype, 4, {}, shard_sequences=4, log=lambda m: None)
+        assert not (path / "manifest.json").exists()
+        with pytest.raises(BoundaryStoreError, match=r"boundary 0 \(online targets, as float16\)"):
+            OnlineBoundaries(big, tokens["train"], [0, 2], dtype, 4)
+        return
+    build_store(path, big, tokens, [0, 2], dtype, 4, {}, shard_sequences=4, log=lambda m: None)
+    with BoundaryReader(path) as r:
+        got = r.read("train", 0, np.arange(r.n("train")))
+        assert r.version == 6 and bool(torch.isfinite(got.float()).all()) and float(got.float().abs().max()) >= 9.9e4

@@ -192,6 +192,57 @@ def test_a_worker_that_ends_without_an_item_is_one_line_saying_what_to_do(monkey
     assert len(str(e.value).splitlines()) == 1 and "train.prefetch=0" in str(e.value)
 
 
+def test_worker_processes_reuse_their_buffers_but_never_one_the_consumer_still_holds():
+    """A worker process hands items over in reused shared-memory buffers. A consumer that drops each
+    item gets the same few buffers back again and again (no fresh mapping per batch); one that keeps
+    every item (a list, a view, a tensor saved for backward) still sees each item's own values at
+    the end: a buffer is reused only once nothing in the consumer refers to it."""
+    from zgcore.data.feed import SLOT_SLACK
+
+    def source(worker, workers):
+        for i in range(worker, 40, workers):
+            yield i, torch.full((4, 8), float(i)), torch.full((2,), -float(i))
+
+    ptrs = set()
+    for i, x, y in prefetch(source, 2, workers=2, mode="process"):
+        assert x.eq(i).all() and y.eq(-i).all()
+        ptrs.add(x.data_ptr())
+    assert len(ptrs) <= 2 * (2 + SLOT_SLACK)  # the buffers went round: 40 items in at most 10 buffers
+
+    kept = list(prefetch(source, 2, workers=2, mode="process"))  # the consumer keeps them all
+    assert [i for i, *_ in kept] == list(range(40))
+    assert all(x.eq(i).all() and y.eq(-i).all() for i, x, y in kept)
+    views, saved, w = [], [], torch.ones(8, 1, requires_grad=True)
+    for i, x, _ in prefetch(source, 1, workers=1, mode="process"):
+        if i % 2:
+            views.append((i, x[1:]))  # a view keeps the buffer's storage
+        else:
+            saved.append((i, (x @ w).sum()))  # autograd keeps x for the backward pass
+    assert all(v.eq(i).all() for i, v in views)
+    for i, loss in saved:
+        loss.backward()
+        assert torch.equal(w.grad, torch.full((8, 1), 4.0 * i)) and w.grad.zero_() is not None
+
+
+def test_the_reader_reuses_a_batch_tensor_only_when_nothing_refers_to_it(stores):
+    """The reader writes a batch into memory it handed out before only when the consumer has let go
+    of it (Python references, views, autograd), and never into a tensor sent to another process."""
+    with BoundaryReader(stores["float32"]) as r:
+        a = r.read("train", 0, [0, 1])
+        ref, ptr = a.clone(), a.data_ptr()
+        del a
+        b = r.read("train", 0, [2, 3])
+        assert b.data_ptr() == ptr  # reused: nothing referred to it
+        view = b[1]
+        c = r.read("train", 0, [0, 1])
+        assert c.data_ptr() != ptr and torch.equal(c, ref) and torch.equal(view, r.read("train", 0, [3])[0])
+        del b, view
+        sent = c.share_memory_().data_ptr()  # what torch does to a tensor it sends to another process
+        del c
+        got = [r.read("train", 0, [2, 3]) for _ in range(3)]
+        assert got[0].data_ptr() == ptr and all(g.data_ptr() != sent for g in got)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_reads_in_any_order_give_the_stored_bytes_in_the_storage_dtype(stores, dtype):
     path = stores[dtype]
@@ -340,9 +391,11 @@ def test_tensorboard_runs_fill_while_the_tasks_train_one_run_per_task(tmp_path, 
         assert not done  # the task was still running
         assert scalars["loss/loss"][:3] == [1, 2, 3] and "lr" in scalars and "grad_norm" in scalars
         assert "throughput/tokens_per_s" in scalars
-    runs = sorted(p.relative_to(out / "tensorboard").as_posix() for p in (out / "tensorboard").glob("*/*"))
+    runs = sorted(p.relative_to(out / "tensorboard").as_posix() for p in (out / "tensorboard").glob("*/*/*"))
     blocks_ = tasks_of(cfg, out, "TrainBlock")
-    assert runs == sorted([f"Heal/{tasks_of(cfg, out, 'Heal')[0].out_dir.name}"] + [f"TrainBlock/{t.out_dir.name}" for t in blocks_])
+    name = "default"  # the experiment's name (no preset: the default's) comes first, so a reader tells experiments apart
+    assert runs == sorted([f"{name}/Heal/{tasks_of(cfg, out, 'Heal')[0].out_dir.name}"] +
+                          [f"{name}/TrainBlock/{t.out_dir.name}" for t in blocks_])
     final = _scalars(blocks_[0].tensorboard_dir)
     assert final["loss/loss"] == list(range(1, 9)) and final["lr"] == list(range(1, 9))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -370,7 +423,8 @@ def test_the_end_to_end_arm_and_local_learning_write_their_runs_too(tmp_path, ru
     tags = _scalars(e2e.tensorboard_dir)
     steps = len((e2e.out_dir / "loss_log.csv").read_text().splitlines()) - 1
     assert tags["loss/kd"] == tags["loss/hidden"] == tags["grad_norm"] == list(range(1, steps + 1))
-    assert [p.parent.name for p in (tmp_path / "tensorboard").glob("*/*")] == ["DistillE2E"]
+    assert [p.parent.relative_to(tmp_path / "tensorboard").as_posix() for p in (tmp_path / "tensorboard").glob("*/*/*")] \
+        == ["distill-tiny/DistillE2E"]
 
     out = tmp_path / "local"
     over = "study.K=[1,2] study.aux=[mlp] study.mtp=[off]"

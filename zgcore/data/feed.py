@@ -4,21 +4,27 @@ same order and with the same bytes as a synchronous read.
 
 Two kinds of worker (``train.prefetch_mode``):
 
-* ``"thread"`` (default): threads of this process, each iterating its share of the batches into a
-  queue bounded by a semaphore (the standard library's ``threading`` and ``queue``). A format-4/5
-  store is read with ``os.preadv`` and checked with xxh3 and numpy, each call of which releases
-  the GIL (and takes it back: about four hand-overs per sequence read), and a batch reaches the
-  step as the very tensor the worker filled: no copy into shared memory and no file descriptor
-  passed per tensor. Measured (``bench/data_feed.py --slowdown-only``, 2 shared cores at load
-  ~11), two reader threads slowed a training-like loop of small torch ops by 17% (worker
-  processes: 82%), CPU contention and GIL hand-overs together; the 5% target is not shown. Measured (``bench/data_feed.py``), handing a batch over from a
-  worker *process* cost the consumer ~1-5 ms per batch (DataLoader's ``file_descriptor`` sharing
-  connects to the worker per tensor), more than 5% of a 20 ms step.
-* ``"process"``: PyTorch's own :class:`torch.utils.data.DataLoader` (worker processes over an
-  ``IterableDataset``, each reading every ``workers``-th batch; ``prefetch_factor`` = ``ahead``;
-  ``pin_memory`` on CUDA). For sources that hold the GIL while they read (a format-3 store: h5py
-  holds it for the whole of each HDF5 read, so a reading thread delays the training thread's
-  kernel launches by up to a read plus Python's 5 ms switch interval).
+* ``"process"`` (default): worker processes (``fork`` where there is one), each reading every
+  ``workers``-th batch and checking it in its own interpreter, so its Python never holds the
+  training thread's GIL. A batch crosses in one of a few shared-memory buffers the worker reuses
+  (:func:`_processes`): the training thread receives one small message per batch and never maps a
+  fresh buffer or receives a file descriptor per tensor (PyTorch's DataLoader, used before, did:
+  ~1-5 ms per batch). With ``pin_memory`` (CUDA) one thread of the training process copies each
+  batch into page-locked memory (two GIL-free copies per batch) so that the step's
+  ``.to(device, non_blocking=True)`` is asynchronous.
+* ``"thread"``: threads of this process, each iterating its share of the batches into a queue
+  bounded by a semaphore (the standard library's ``threading`` and ``queue``); a batch reaches the
+  step as the very tensor the worker filled (page-locked when asked: no second copy). A format-4+
+  store is read with ``os.preadv`` and checked with xxh3, each call of which releases the GIL and
+  takes it back (two hand-overs per sequence read, and the reader's Python between them runs under
+  the training thread's GIL). A format-3 store is always read by processes (h5py holds the GIL for
+  the whole of each Fletcher32-filtered read).
+
+Measured (``bench/data_feed.py --slowdown-only``, 2026-12-03, quiet 2-core machine, 16 MiB batches
+of hidden 2048 bfloat16, a training-like loop of 32-38 ms steps of small torch ops): reading and
+checking one batch ahead cost the training thread 1.3-3.4% of a step with two worker processes and
+5.6-7.3% with two worker threads (3.5-4.9% with the threads kept off the training thread's core,
+``--pin``); ``bench/README.md``.
 
 Either way an error in a worker (a damaged shard: :class:`~zgcore.data.boundary_store.BoundaryStoreError`)
 is handed over as a value and raised in the consumer with its own type and message, at the batch
@@ -33,7 +39,6 @@ from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 T = TypeVar("T")
 
@@ -43,26 +48,6 @@ class _Raised:
 
     def __init__(self, error: BaseException):
         self.error = error
-
-
-class _Source(IterableDataset):
-    """Worker ``w`` of ``W`` produces the items ``w, w+W, w+2W, ...`` of ``make_source(w, W)``;
-    an exception ends them as a :class:`_Raised`."""
-
-    def __init__(self, make_source: Callable[[int, int], Iterator]):
-        super().__init__()
-        self.make_source = make_source
-
-    def __iter__(self):
-        info = get_worker_info()
-        try:
-            yield from self.make_source(info.id, info.num_workers)
-        except Exception as e:  # noqa: BLE001 (raised again, unchanged, in the consumer)
-            yield _Raised(e)
-
-
-def _as_is(item):
-    return item
 
 
 def _context() -> str:
@@ -80,11 +65,13 @@ def prefetch(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_mem
     threads or processes (``mode``; ``ahead`` <= 0: ``make_source(0, 1)`` itself, in this thread).
 
     Worker ``w`` of ``W`` iterates ``make_source(w, W)``, which must yield the items ``w, w+W,
-    w+2W, ...`` of the whole sequence (``make_source(0, 1)`` yields all of them); the DataLoader
+    w+2W, ...`` of the whole sequence (``make_source(0, 1)`` yields all of them); the consumer
     takes them from the workers in turn, so they come out in order. Each worker has at most
-    ``ahead`` items requested and not yet handed out (``prefetch_factor``): while the consumer
-    works on item ``i``, at most ``ahead * workers`` items beyond it are being produced or waiting,
-    which bounds the memory held. Tensors cross through shared memory; with ``pin_memory`` (needs
+    ``ahead`` items produced and not yet handed out: while the consumer works on item ``i``, at
+    most ``ahead * workers`` items beyond it are being produced or waiting, which bounds the memory
+    held. From worker processes, an item's tensors (the item itself, or a tuple's elements) arrive
+    in shared-memory buffers that are written again only once nothing in this process refers to
+    them: keep an item as long as you like, it is never overwritten. With ``pin_memory`` (needs
     CUDA) they arrive in page-locked memory, ready for ``.to(device, non_blocking=True)``.
 
     An exception raised by the source is raised here, same type and message, when the consumer
@@ -99,7 +86,8 @@ def prefetch(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_mem
         mode: ``"thread"`` or ``"process"`` (see the module's docstring).
 
     Raises:
-        ValueError: an unknown ``mode``. Whatever the source raises, at its item.
+        ValueError: an unknown ``mode``. PrefetchError: a worker ended without handing anything
+            over. Whatever the source raises, at its item (same type and message).
     """
     if mode not in MODES:
         raise ValueError(f"prefetch mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -109,19 +97,10 @@ def prefetch(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_mem
     if mode == "thread":
         yield from _threaded(make_source, int(ahead), pin_memory, max(1, int(workers)))
         return
-    # a generator of its own: the DataLoader draws its workers' base seed from it, and drawing from
-    # the global one would change the torch RNG state a checkpoint records
-    loader = DataLoader(_Source(make_source), batch_size=None, num_workers=max(1, int(workers)),
-                        prefetch_factor=int(ahead), pin_memory=pin_memory, collate_fn=_as_is,
-                        multiprocessing_context=_context(), generator=torch.Generator().manual_seed(0))
-    it = iter(loader)
-    try:
-        for item in it:
-            if isinstance(item, _Raised):
-                raise item.error
-            yield item
-    finally:
-        it._shutdown_workers()  # at once, not when garbage collected
+    if pin_memory:  # one thread of this process copies each item into page-locked memory, off the training thread
+        yield from _threaded(lambda w, n: _processes(make_source, int(ahead), max(1, int(workers))), 1, True, 1)
+        return
+    yield from _processes(make_source, int(ahead), max(1, int(workers)))
 
 
 _END = object()
@@ -213,6 +192,170 @@ def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_me
             th.join(max(0.0, deadline - time.monotonic()))
 
 
+class _InSlot:
+    """In a message from a worker process: the item's tensor at this position is in the slot's buffer."""
+
+    def __init__(self, pos: int):
+        self.pos = pos
+
+
+# Buffers per worker process beyond its ``ahead`` items in flight: the consumer still holds the item
+# it works on (and the one before, until its loop variables are rebound) when it asks for the next.
+SLOT_SLACK = 3
+
+
+def _tensors(item) -> list[tuple[int, torch.Tensor]]:
+    """``(position, tensor)`` for each tensor of an item (the item itself, or a tuple's elements)."""
+    if isinstance(item, torch.Tensor):
+        return [(0, item)]
+    if isinstance(item, tuple):
+        return [(i, x) for i, x in enumerate(item) if isinstance(x, torch.Tensor)]
+    return []
+
+
+def _with(item, tensors: dict):
+    """``item`` with the tensors at the positions of ``tensors`` replaced (by buffers or markers)."""
+    if not isinstance(item, tuple):
+        return tensors[0]
+    return tuple(tensors.get(i, x) for i, x in enumerate(item))
+
+
+def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_q, free_q, stop, parent: int) -> None:
+    """Worker process ``w``: produce ``make_source(w, workers)``'s items, each after taking a credit
+    (at most ``ahead`` beyond what the consumer took), copying its tensors into one of ``slots``
+    reused shared-memory buffers the consumer has given back (a new buffer is sent once, when first
+    made or when a shape changes; afterwards only the slot's number travels). With no buffer free
+    (a consumer keeping old items), the item is sent as is, through torch's shared memory. Ends
+    when ``stop`` is set or the consumer's process ``parent`` is gone (killed: nothing else would
+    tell it)."""
+    import os
+
+    def gone() -> bool:
+        return stop.is_set() or os.getppid() != parent
+
+    torch.set_num_threads(1)  # as DataLoader's workers: a forked OpenMP pool must not be used, nor oversubscribe
+    bufs: dict[int, dict[int, torch.Tensor]] = {}
+    free = list(range(slots))
+    source = None
+    try:
+        source = make_source(w, workers)
+        while True:
+            while not credits.acquire(timeout=0.05):
+                if gone():
+                    return
+            if gone():
+                return
+            try:
+                item = next(source)
+            except StopIteration:
+                out_q.put(("end",))
+                break
+            while not free_q.empty():
+                free.append(free_q.get())
+            tensors = _tensors(item)
+            if not tensors or not free:
+                out_q.put(("item", item))
+                continue
+            s = free.pop()
+            have, new = bufs.setdefault(s, {}), {}
+            for pos, t in tensors:
+                b = have.get(pos)
+                if b is None or b.shape != t.shape or b.dtype != t.dtype:
+                    b = have[pos] = new[pos] = torch.empty_like(t, memory_format=torch.contiguous_format).share_memory_()
+                b.copy_(t)
+            out_q.put(("slot", s, _with(item, {pos: _InSlot(pos) for pos, _ in tensors}), new))
+    except BaseException as e:  # noqa: BLE001 (raised again, unchanged, in the consumer: never leave it waiting)
+        out_q.put(("item", _Raised(e)))
+    finally:
+        if source is not None and hasattr(source, "close"):
+            source.close()
+    # a buffer's file descriptor is fetched from this process when the consumer unpickles its message:
+    # stay until the consumer is done
+    while not stop.wait(0.5) and not gone():
+        pass
+
+
+def _processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, workers: int) -> Iterator[T]:
+    """:func:`prefetch` with worker processes: the in-flight bound of :func:`_threaded` (a credit per
+    item, given back when the consumer takes it), and each item's tensors handed over in reused
+    shared-memory buffers (``ahead + SLOT_SLACK`` per worker). A buffer goes back to its worker once
+    nothing in this process refers to it any more (the test of the boundary reader's pool): the
+    training thread's cost per batch is one small message, never a file descriptor per tensor nor a
+    fresh mapping (``bench/data_feed.py``). Closing stops the workers (at most ``CLOSE_WAIT_S``,
+    then terminated).
+
+    Raises:
+        PrefetchError: a worker process ended without handing anything over."""
+    import queue
+
+    from zgcore.data.boundary_store.reader import _unshared
+    import torch.multiprocessing as tmp
+
+    ctx = tmp.get_context(_context())
+    stop = ctx.Event()
+    slots = ahead + SLOT_SLACK
+    credits = [ctx.Semaphore(ahead) for _ in range(workers)]
+    outs = [ctx.Queue() for _ in range(workers)]
+    frees = [ctx.SimpleQueue() for _ in range(workers)]
+    import os
+
+    procs = [ctx.Process(target=_process_worker, args=(make_source, w, workers, slots, credits[w], outs[w], frees[w], stop,
+                                                       os.getpid()),
+                         name=f"zerograph-prefetch-{w}", daemon=True) for w in range(workers)]
+    for p in procs:
+        p.start()
+    bufs: list[dict[int, dict[int, torch.Tensor]]] = [{} for _ in range(workers)]
+    lent: list[tuple[int, int]] = []  # (worker, slot) handed out, not yet given back
+
+    def give_back() -> None:
+        for w, s in list(lent):
+            if all(_unshared(bufs[w][s][pos], sent=True) for pos in list(bufs[w][s])):
+                frees[w].put(s)
+                lent.remove((w, s))
+
+    try:
+        k = 0
+        while True:
+            w = k % workers
+            give_back()
+            while True:  # a worker that died without handing anything over must not hang the consumer
+                try:
+                    msg = outs[w].get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if not procs[w].is_alive() and outs[w].empty():
+                        raise PrefetchError(f"prefetch worker {w} ended without an item, an end or an error; rerun "
+                                            "(training resumes from its last checkpoint) or set train.prefetch=0 "
+                                            "to read synchronously") from None
+            if msg[0] == "end":
+                return
+            credits[w].release()
+            if msg[0] == "slot":
+                _, s, item, new = msg
+                bufs[w].setdefault(s, {}).update(new)
+                item = _with(item, {i: bufs[w][s][x.pos] for i, x in enumerate(item if isinstance(item, tuple) else [item])
+                                    if isinstance(x, _InSlot)})
+                lent.append((w, s))
+            else:
+                item = msg[1]
+            if isinstance(item, _Raised):
+                raise item.error
+            yield item
+            k += 1
+    finally:
+        stop.set()
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(1.0)
+        for q in outs:
+            q.cancel_join_thread()
+            q.close()
+
+
 def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: int, start: int,
                   steps: int, worker: int = 0, workers: int = 1,
                   pin_memory: bool = False) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
@@ -260,7 +403,7 @@ def block_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
     if mode == "thread" and reader.version < 4:  # format 3: h5py holds the GIL through each read
         mode = "process"
     # a worker thread's reader fills page-locked memory itself (no second copy); a worker process
-    # must not touch CUDA, so there the DataLoader pins what it hands over
+    # must not touch CUDA, so there a thread of this process pins what the workers hand over
     in_reader = pin_memory and mode == "thread"
     return prefetch(partial(store_batches, str(reader.root), b_in, b_out, n, seed, batch_size, start, steps,
                             pin_memory=in_reader), ahead, pin_memory and not in_reader, workers, mode)

@@ -158,7 +158,7 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
         """``(step, idx, x, y)`` from ``step`` on, on the CPU (:func:`zgcore.data.feed.store_batches`)."""
         if cached:
             yield from block_batches(reader, b_in, b_out, n, seed, bs, step, loop.steps, ahead, device.type == "cuda",
-                                     int(t.get("prefetch_workers") or 1), str(t.get("prefetch_mode") or "thread"))
+                                     int(t.get("prefetch_workers") or 1), str(t.get("prefetch_mode") or "process"))
             return
         while True:  # online targets: the teacher runs here, synchronously
             epoch, k = divmod(step, per_epoch)

@@ -16,9 +16,16 @@ from zgcore.device import DTYPE_NAMES, torch_dtype
 # 5: the files of format 4, and each file's record also holds ``data`` ([offset, bytes] of h's sequence
 #    data) and ``outside_sha256`` (every other byte), checked at open instead of hashing the whole file
 #    (start-up no longer grows with the store; the whole-file check is ``zerograph verify``)
-FORMAT_VERSION = 5
-# versions BoundaryReader still reads (3: through HDF5's Fletcher32 filter; 4: whole-file SHA-256 at open)
-READABLE_VERSIONS = (3, 4, 5)
+# 6: the files of format 5, whose values were checked finite on their stored bits when written (after
+#    rounding to the storage dtype, where float16 overflows above 65504: such a build now fails), so a
+#    read checks each sequence's xxh3 only: bytes equal to finite written bytes are finite. The
+#    finiteness pass at read cost about a quarter of a reading thread's CPU (bench/README.md)
+FORMAT_VERSION = 6
+# versions BoundaryReader still reads (3: through HDF5's Fletcher32 filter; 4: whole-file SHA-256 at open;
+# 3-5 are also checked finite at read: their writers checked the values before rounding them)
+READABLE_VERSIONS = (3, 4, 5, 6)
+# the first format whose writer checked the stored (rounded) values finite
+FINITE_AT_WRITE = 6
 SHARD_FILE = "shard.json"  # a shard's record
 MANIFEST = "manifest.json"  # the join's record
 # Per-channel statistics come from the first STATS_SEQUENCES training sequences, so that online
@@ -68,6 +75,13 @@ def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
 def round_trip(t: torch.Tensor, dtype: str) -> torch.Tensor:
     """What reading ``t`` back from a store of ``dtype`` gives (float32), without a file."""
     return t.to(TORCH_DTYPES[dtype]).float()
+
+
+def stored_tensor(a: np.ndarray, dtype: str) -> torch.Tensor:
+    """The stored array of :func:`to_storage` as a tensor of the storage dtype, sharing its memory
+    (bfloat16: its uint16 bits viewed as bfloat16; no widening)."""
+    t = torch.from_numpy(a)
+    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
 
 
 def check_finite(t: torch.Tensor, where: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -21,7 +22,7 @@ import xxhash
 
 from zgcore.hashing import file_sha256
 from .integrity import outside_sha256
-from .common import (FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, TORCH_DTYPES, BoundaryStoreError, check_finite,
+from .common import (FINITE_AT_WRITE, FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, TORCH_DTYPES, BoundaryStoreError, check_finite,
                      quarantine, quarantine_file, system_error, unavailable)
 
 # Rows read and checked at a time: about 1 MiB of stored bytes, so that a piece is still in the
@@ -30,6 +31,24 @@ PIECE_BYTES = 1 << 20
 # A 16-bit value shifted left by one (sign dropped) is at least this when its exponent bits are all
 # ones (inf or NaN): bfloat16 0x7f80 << 1, float16 0x7c00 << 1.
 NONFINITE_SHIFTED = {"bfloat16": 0xFF00, "float16": 0xF800}
+
+
+# Batch tensors a reader keeps for reuse, per shape: a returned batch's memory is written again only
+# once nothing but the pool refers to it (its Python object nor any view, saved tensor or copy of its
+# storage). Reusing pages already mapped avoids a fresh allocation's page faults and, when it is
+# freed, the unmapping that interrupts every core running this process (bench/README.md).
+POOL_SIZE = 16
+
+
+def _unshared(t: torch.Tensor, sent: bool = False) -> bool:
+    """True when only the reader's pool refers to ``t``: it was never sent to another process (its
+    storage is not in shared memory), no other Python reference to the tensor (``sys.getrefcount``:
+    the pool's list and the call's argument) and no other tensor or autograd record on its storage
+    (its use count: ``t`` and the temporary storage object). ``sent``: ``t`` is a shared-memory
+    buffer of the prefetch (``zgcore.data.feed``), which the other process writes only when told to."""
+    if t.is_shared() and not sent:  # handed to another process (torch moved it into shared memory to send it): never reused
+        return False
+    return sys.getrefcount(t) <= 3 and torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2
 
 
 class BoundaryReader:
@@ -44,15 +63,16 @@ class BoundaryReader:
             to the GPU — one copy from the page cache, and no page faults on reused blocks.
 
     Raises:
-        BoundaryStoreError: missing manifest, a format version this code cannot read (not 3, 4
-            or 5: the message says to rebuild the cache), a manifest mismatch; or, when a shard
+        BoundaryStoreError: missing manifest, a format version this code cannot read (not 3 to
+            6: the message says to rebuild the cache), a manifest mismatch; or, when a shard
             file is first opened: missing, of the wrong size, the bytes a read does not check not
-            those of the manifest's SHA-256 (format 5: every byte outside the sequence data, a
+            those of the manifest's SHA-256 (formats 5 and 6: every byte outside the sequence data, a
             few KiB to MiB whatever the file's size; formats 3 and 4: the whole file, about one
             extra read of it at ~1.7 GB/s), not readable as HDF5, a dataset of the wrong shape or
-            (format 5) not on its recorded byte range; or when read: a sequence whose bytes fail
-            the xxh3_64 checksum recorded for it (formats 4 and 5; a failed Fletcher32 checksum for
-            format 3) or a non-finite value. Each of these moves
+            (formats 5 and 6) not on its recorded byte range; or when read: a sequence whose bytes fail
+            the xxh3_64 checksum recorded for it (formats 4 to 6; a failed Fletcher32 checksum for
+            format 3) or a non-finite value (formats 3 to 5; format 6's writer checked its stored
+            values, so its sequences that pass the xxh3 check are finite). Each of these moves
             the shard aside (``<shard>.damaged-<time>``) so that the next run rebuilds that shard
             only; the message names the file. An error of the file system rather than of the file
             (an ``OSError`` carrying an errno: EMFILE, EIO, ESTALE, ENOSPC, EACCES, ... while
@@ -90,6 +110,7 @@ class BoundaryReader:
         # format 4, contiguous unfiltered h: (file descriptor, byte offset of h in the file, bytes per sequence)
         self._raw: dict[tuple[str, int, int], tuple[int, int, int]] = {}
         self._sums: dict[tuple[str, int, int], np.ndarray] = {}  # format 4: each file's xxh3 column, uint64 [rows]
+        self._pool: dict[tuple, list[torch.Tensor]] = {}  # batch tensors handed out, reused once nobody else holds them
         self._scratch: dict[tuple, np.ndarray] = {}  # reused buffers of read (one reader serves one thread)
 
     def __len__(self) -> int:
@@ -182,9 +203,13 @@ class BoundaryReader:
         Each run of consecutive sequences of one shard (one sequence in a shuffled order) is read
         ~1 MiB (``PIECE_BYTES``) at a time straight into the returned tensor's memory: with one
         ``os.preadv`` at the dataset's byte offset where its layout allows (:meth:`_raw_layout`;
-        format 4 always), else by an HDF5 hyperslab read (about half as fast). While a piece is in the core's cache: each sequence's xxh3_64 is compared with the
-        one its shard recorded (format 4), and the values are checked finite on the stored bits
-        (float32: numpy's ``isfinite``; 16-bit: an exponent-all-ones test on the uint16 pattern).
+        format 4 always), else by an HDF5 hyperslab read (about half as fast). While a piece is in
+        the core's cache each sequence's xxh3_64 is compared with the one its shard recorded
+        (format 4 on). Format 6 stops there: its writer checked the stored (rounded) values finite,
+        and bytes equal to them are finite. Formats 3-5, whose writers checked the values before
+        rounding, are also checked finite on the stored bits (float32: numpy's ``isfinite``; 16-bit:
+        an exponent-all-ones test on the uint16 pattern), a pass that cost about a quarter of a
+        reading thread's CPU (``bench/README.md``).
         h5py's list (fancy) indexing, which builds a point selection, ran 20x below the disk, and
         HDF5's Fletcher32 filter held reads to 0.24-0.59x a raw read
         (``bench/data_feed.py``). Format 3 stores are read as before: whole runs through the
@@ -210,7 +235,8 @@ class BoundaryReader:
             return self._read_fletcher32(split_name, b, idx, runs, owner, out, mem)
         half = self.dtype != "float32"
         piece = max(1, PIECE_BYTES // (shape[1] * shape[2] * mem.itemsize))
-        if half:
+        finite_at_write = self.version >= FINITE_AT_WRITE  # the xxh3 match is the whole check
+        if half and not finite_at_write:
             bits = self._buffer(("bits", piece, *shape[1:]), np.dtype(np.uint16))
         for j, r, sh in runs:
             row0 = int(idx[j] - sh["lo"])
@@ -219,6 +245,8 @@ class BoundaryReader:
                 dest = mem[j + p: j + p + q]
                 self._read_run(split_name, sh, b, row0 + p, dest)
                 self._check_sums(split_name, sh, b, row0 + p, dest)
+                if finite_at_write:
+                    continue
                 if half:  # sign dropped by the shift; exponent all ones (inf/NaN) sorts above the rest
                     finite = np.left_shift(dest.view(np.uint16), 1, out=bits[:q]).max() < NONFINITE_SHIFTED[self.dtype]
                 else:
@@ -233,9 +261,18 @@ class BoundaryReader:
     def _empty(self, shape: tuple) -> tuple[torch.Tensor, np.ndarray]:
         """A new tensor of the storage dtype and a numpy view of its memory in the dtype HDF5
         stores (bfloat16: its uint16 bit pattern; numpy has no bfloat16)."""
+        pool = self._pool.get(shape, []) if not self.pin_memory else []
+        for i in range(len(pool)):
+            if _unshared(pool[i]):  # no local name for it while asking: that would be a reference
+                return pool[i], self._as_numpy(pool[i])
         out = torch.empty(shape, dtype=TORCH_DTYPES[self.dtype], pin_memory=self.pin_memory)
-        mem = out.view(torch.int16).numpy().view(np.uint16) if self.dtype == "bfloat16" else out.numpy()
-        return out, mem
+        if not self.pin_memory and len(self._pool.setdefault(shape, [])) < POOL_SIZE:
+            self._pool[shape].append(out)
+        return out, self._as_numpy(out)
+
+    def _as_numpy(self, out: torch.Tensor) -> np.ndarray:
+        """A numpy view of ``out``'s memory in the dtype HDF5 stores (bfloat16: uint16 bits)."""
+        return out.view(torch.int16).numpy().view(np.uint16) if self.dtype == "bfloat16" else out.numpy()
 
     def _buffer(self, key: tuple, dtype: np.dtype) -> np.ndarray:
         """A reused scratch array of shape ``key[1:]`` (fresh large arrays cost page faults each call)."""
