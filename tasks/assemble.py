@@ -17,9 +17,14 @@ class _StudentTask(_TeacherTask):
     boundary = luigi.DictParameter(visibility=HIDDEN)
     blocks = luigi.ListParameter(visibility=HIDDEN, description="each block's resolved train settings, in block order")
 
+    def study_name(self) -> str:
+        """The experiment or study this task was built for: ``study``, else the task's own ``name``
+        (Evaluate, DistillStudyReport), else ``""``; its training tasks' TensorBoard runs go under it."""
+        return str(self.study or getattr(self, "name", "") or "")
+
     def block_tasks(self) -> list[TrainBlock]:
         return [TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=i, train=t,
-                           outputs=self.outputs, device=self.device) for i, t in enumerate(self.blocks)]
+                           study=self.study_name(), outputs=self.outputs, device=self.device) for i, t in enumerate(self.blocks)]
 
 
 class Assemble(_StudentTask):

@@ -80,7 +80,7 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         """This block at one peak lr, without a search."""
         return TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
                           train={**dict(self.train), "lr": float(lr), "lrs": []}, candidate=True,
-                          outputs=self.outputs, device=self.device)
+                          study=self.study, outputs=self.outputs, device=self.device)
 
     def score_task(self, candidate: "TrainBlock") -> "ScoreBlock":
         return ScoreBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
@@ -179,7 +179,7 @@ class ScoreBlock(_TeacherTask):
 
     def block_task(self) -> TrainBlock:
         return TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
-                          train=self.train, candidate=True, outputs=self.outputs, device=self.device)
+                          train=self.train, candidate=True, study=self.study, outputs=self.outputs, device=self.device)
 
     def requires(self):
         b = self.block_task()

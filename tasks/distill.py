@@ -114,7 +114,7 @@ class DistillE2E(search.SearchesLR, _DistillTask):
         """This arm at one peak lr, without a search."""
         d = {**dict(self.distill), "lr": float(lr), "lrs": []}
         return DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks, distill=d,
-                          heal=self.heal, candidate=True, outputs=self.outputs, device=self.device)
+                          heal=self.heal, candidate=True, study=self.study, outputs=self.outputs, device=self.device)
 
     def score_task(self, candidate: "DistillE2E") -> "EvaluateStudent":
         if not self.eval:
@@ -225,7 +225,7 @@ class EvaluateStudent(_StudentTask):
 
         req = {"model": DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
                                    distill=self.distill, heal=self.heal, candidate=self.candidate, eval=self.eval,
-                                   outputs=self.outputs, device=self.device),
+                                   study=self.study, outputs=self.outputs, device=self.device),
                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
         if not self.candidate and held_out_tasks(self, self.eval):  # a search candidate is scored in-domain only
             req["extra"] = held_out_tasks(self, self.eval)
@@ -308,7 +308,7 @@ class DistillStudyReport(_StudentTask):
         end-to-end models' and the healing stage's metrics, the blocks' (lr searches), and
         (cached targets) the cache's manifest."""
         kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                  outputs=self.outputs, device=self.device)
+                  study=self.study_name(), outputs=self.outputs, device=self.device)
         req = {"blockwise": Evaluate(eval=self.eval, name=self.name, **kw),
                "e2e": EvaluateStudent(eval=self.eval, distill=self.distill, **kw),
                "healed": Evaluate(eval=self.eval, heal=self.heal, name=self.name, **kw),

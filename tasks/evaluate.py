@@ -40,7 +40,7 @@ class Evaluate(_StudentTask):
 
     def requires(self):
         kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                  outputs=self.outputs, device=self.device)
+                  study=self.study_name(), outputs=self.outputs, device=self.device)
         if int(self.heal.get("steps", 0)):
             student = Heal(heal=self.heal, **kw)  # the healed student takes the assembled one's place
         else:

@@ -119,7 +119,7 @@ class Heal(_DistillTask):
 
     def requires(self):
         req = {"assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                    outputs=self.outputs, device=self.device),
+                                    study=self.study, outputs=self.outputs, device=self.device),
                "corpus": self.corpus_task(), **self.logit_requires()}
         if float(self.heal.get("hidden_weight") or 0) > 0:  # the blocks' records place the interior boundaries
             req["blocks"] = self.block_tasks()

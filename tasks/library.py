@@ -76,7 +76,7 @@ class ScoreCandidate(_TeacherTask):
 
     def block_task(self) -> TrainBlock:
         return TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
-                          train=self.train, outputs=self.outputs, device=self.device)
+                          train=self.train, study=self.study, outputs=self.outputs, device=self.device)
 
     def requires(self):
         req = {"block": self.block_task(), "teacher": self.teacher_task(),
@@ -199,7 +199,7 @@ class ScoreStudent(_StudentTask):
 
     def requires(self):
         kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                  outputs=self.outputs, device=self.device)
+                  study=self.study, outputs=self.outputs, device=self.device)
         req = {"assemble": AssembleExact(**kw),
                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
         if held_out_tasks(self, self.eval):

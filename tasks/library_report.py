@@ -45,7 +45,7 @@ class LibraryReport(ZGTask):
         return {"max_sequences": int(self.eval["max_sequences"]), "subset_seed": int(self.eval["subset_seed"])}
 
     def score_tasks(self) -> list[list[ScoreCandidate]]:
-        return [[ScoreCandidate(block=i, train=c["train"], tune=self.tune(), **self._kw()) for c in part]
+        return [[ScoreCandidate(block=i, train=c["train"], tune=self.tune(), study=self.name, **self._kw()) for c in part]
                 for i, part in enumerate(self.candidates)]
 
     def score_params(self) -> list[list[dict]]:
@@ -55,7 +55,7 @@ class LibraryReport(ZGTask):
     def student(self, indices) -> ScoreStudent:
         """The evaluation of the student made of candidate ``indices[i]`` at every partition ``i``."""
         return ScoreStudent(blocks=[self.candidates[i][v]["train"] for i, v in enumerate(indices)], eval=self.eval,
-                               **self._kw())
+                            study=self.name, **self._kw())
 
     def requires(self):
         return {"candidates": self.score_tasks(),

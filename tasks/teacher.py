@@ -74,6 +74,10 @@ def teacher_tokenizer(task: PrepareTeacher):
 
 class _TeacherTask(ZGTask):
     teacher = luigi.Parameter()
+    # names the folder of the task's TensorBoard run (<outputs>/tensorboard/<study>/<family>/<run>), never
+    # its output: a block shared by two experiments is one task, named after the first that asks for it
+    study = luigi.Parameter(default="", significant=False, visibility=HIDDEN,
+                            description="the experiment or study this task was built for (its TensorBoard folder)")
 
     def load_teacher(self):
         rec = teacher_record(self.teacher_task())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -152,7 +153,9 @@ def test_distill_study_over_seeds_compares_runs_reproducibly(tmp_path, run_graph
         assert all(v["ce"] > 0 for v in x["arms"].values())
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    e2e_runs = sorted((tmp_path / "tensorboard" / "DistillE2E").iterdir())
+    assert sorted(p.name for p in (tmp_path / "tensorboard").iterdir()) == ["distill-tiny"]  # the study's name first
+    e2e_runs = sorted((tmp_path / "tensorboard" / "distill-tiny" / "DistillE2E").iterdir())
+    assert {p.name for p in (tmp_path / "tensorboard" / "distill-tiny").iterdir()} == {"DistillE2E", "Heal", "TrainBlock"}
     assert len(e2e_runs) == 6 and sum(p.name.startswith("e2e-") and "-heal" in p.name for p in e2e_runs) == 3  # arm (d)
     acc = EventAccumulator(str(e2e_runs[0]))
     acc.Reload()  # the tags docs/performance.md lists
@@ -173,3 +176,30 @@ def test_distill_study_over_seeds_compares_runs_reproducibly(tmp_path, run_graph
     shutil.rmtree(study.out_dir)
     ok, ran = run_graph(study)
     assert ok and [f for f, _ in ran] == ["DistillSeedsReport"] and (study.out_dir / "report.json").read_bytes() == before
+
+
+def test_seeds_report_lists_each_seeds_own_lr_search():
+    """A searched distillation study over seeds lists, per seed, the runs of that seed's own search (every lr
+    with its score, the choice) apart from the reported runs, and says how the selection is kept out of the
+    comparison (per-seed searches)."""
+    from zgcore.evaluation.distill_report import seeds_markdown, seeds_report
+    from zgcore.training.lr_search import summary
+
+    rng = np.random.default_rng(0)
+    reports, scores = [], []
+    for seed, best in ((0, 3e-4), (1, 1e-3), (2, 3e-4)):
+        res = {1e-4: 4.2, 3e-4: 4.0 if best == 3e-4 else 4.1, 1e-3: 3.95 if best == 1e-3 else 4.3}
+        arms = [{"name": n, "label": n, "ce": 4.0 + 0.01 * i + 0.001 * seed, "gap_recovered": 0.5, "passes": 1000, "flops": {"total": 1e9},
+                 "lrs": {"end to end": {"lr": best, "search": summary(res, 1, 3)}} if n == "e2e" else {"heal": {"lr": 1e-4}}}
+                for i, n in enumerate(("blockwise", "e2e", "healed", "e2e_healed"))]
+        reports.append({"arms": arms, "teacher": "t", "ce_teacher": 3.0})
+        scores.append({a["name"]: a["ce"] + 0.05 * rng.standard_normal(40) for a in arms})
+    rep = seeds_report("s", [0, 1, 2], reports, scores)
+    assert list(rep["searches"]) == ["0", "1", "2"]
+    assert all(len(v) == 1 for v in rep["searches"].values())  # one searched part per seed (arm (b)'s lr)
+    assert "chosen **0.001**" in rep["searches"]["1"][0] and "chosen **0.0003**" in rep["searches"]["0"][0]
+    assert "1e-04: 4.2000" in rep["searches"]["2"][0] or "0.0001: 4.2000" in rep["searches"]["2"][0]
+    md = seeds_markdown(rep)
+    assert "## Learning-rate searches, per seed" in md and "Per-seed searches" in md and "Seed 2:" in md
+    plain = seeds_report("s", [0, 1, 2], [{**r, "arms": [{**a, "lrs": {}} for a in r["arms"]]} for r in reports], scores)
+    assert plain["searches"] == {} and "Learning-rate searches" not in seeds_markdown(plain)

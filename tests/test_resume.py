@@ -23,7 +23,7 @@ def _curves(out):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     curves = []
-    for run in sorted(Path(out).glob("tensorboard/TrainBlock/*")):
+    for run in sorted(Path(out).glob("tensorboard/*/TrainBlock/*")):
         acc = EventAccumulator(str(run))
         acc.Reload()
         curves.append([(e.step, e.value) for e in acc.Scalars("loss/loss")])

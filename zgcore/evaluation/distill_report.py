@@ -231,7 +231,14 @@ def seeds_report(name: str, seeds: Sequence[int], reports: Sequence[Mapping[str,
     Returns:
         ``{"name", "seeds", "arms": [{"name", "label", "ce": [per seed], "ce_mean", "ce_std",
         "gap_recovered": [per seed], "passes": [per seed]}], "comparisons" (pooled over seeds),
-        "findings" (sentences), "ce_teacher", "teacher"}``.
+        "findings" (sentences), "ce_teacher", "teacher", "searches": {seed: [lines]}}`` — ``searches``:
+        each seed's own lr searches (:func:`search_lines`: every lr tried with its score, the choice),
+        empty where nothing was searched.
+
+    How a searched arm avoids selection bias (the issue of reporting a search's own winner): each
+    seed searches its own lr and its reported run is that search's chosen candidate, so the
+    compared unit is the whole procedure "search, then train" and the selection's luck is part of
+    the run-to-run spread that a method comparison's interval measures (never shared between runs).
     """
     from zgcore.evaluation.study import mean_std
 
@@ -250,7 +257,8 @@ def seeds_report(name: str, seeds: Sequence[int], reports: Sequence[Mapping[str,
 
         descriptive(comps)
     return {"name": name, "teacher": reports[0]["teacher"], "seeds": list(seeds), "ce_teacher": reports[0]["ce_teacher"],
-            "arms": arms, "comparisons": comps, "findings": findings(comps), "descriptive": plumbing, "seed_varies": SEEDS_VARY}
+            "arms": arms, "comparisons": comps, "findings": findings(comps), "descriptive": plumbing, "seed_varies": SEEDS_VARY,
+            "searches": {str(s): search_lines(r) for s, r in zip(seeds, reports) if search_lines(r)}}
 
 
 def seeds_markdown(rep: Mapping[str, Any]) -> str:
@@ -261,7 +269,18 @@ def seeds_markdown(rep: Mapping[str, Any]) -> str:
     return (f"# Distillation study over seeds {rep['seeds']}: {rep['name']}\n\n" + banner(rep) + f"Teacher `{rep['teacher']}`, "
             f"held-out CE {num(rep['ce_teacher'])} nats/token. Each seed trains its own blocks, end-to-end student and healing "
             f"on one teacher cache ({rep.get('seed_varies') or SEEDS_VARY}); per-seed reports carry the timings and the "
-            "lr searches (each seed searches its own lrs and reports its chosen candidate).\n\n"
+            "lr searches.\n\n"
             + table(["arm", "held-out CE per seed", "mean ± std", "gap recovered per seed", "layer-token passes",
                      "total FLOPs per seed"], rows)
-            + "\n" + comparisons_md(rep))
+            + "\n" + comparisons_md(rep) + seeds_search_md(rep))
+
+
+def seeds_search_md(rep: Mapping[str, Any]) -> str:
+    """The per-seed lr searches of :func:`seeds_report` as Markdown ("" when nothing was searched)."""
+    if not rep.get("searches"):
+        return ""
+    return ("\n\n## Learning-rate searches, per seed\n\nPer-seed searches: each seed searches its own lrs (on the "
+            "tuning sequences, never the test subset) and reports the chosen candidate's run, so each reported run is "
+            "one whole 'search, then train' procedure and the choice's luck is inside the run-to-run spread the "
+            "comparisons measure (no run is shared between the tuning and the reported results of two seeds).\n\n"
+            + "\n\n".join(f"Seed {s}:\n\n" + "\n".join(lines) for s, lines in rep["searches"].items()))
