@@ -287,10 +287,12 @@ def test_the_five_seed_preset_has_fresh_seeds_fixed_lrs_and_a_flops_matched_arm(
     assert len(cfg["seeds"]) >= 5 and not set(cfg["seeds"]) & {0, 1} and not cfg["study"]["lrs"]
     cells = zl.expand_seeds(cfg)
     first = [c for c in cells if c["seed"] == cfg["seeds"][0]]
-    assert len(cells) == 4 * len(cfg["seeds"]) and [c.get("flops_matched", False) for c in first] == [False] * 3 + [True]
-    assert len({c["run"]["train"]["lr"] for c in first[:3]}) == 3  # each configuration its own lr
+    n = len(cfg["study"]["configs"])  # K=1, K=2/K=4 MLP, K=4 Transformer without MTP, with MTP first, with MTP all
+    assert n == 6 and len(cells) == (n + 1) * len(cfg["seeds"])
+    assert [c.get("flops_matched", False) for c in first] == [False] * n + [True]
+    assert [c["run"]["train"]["lr"] for c in first[:n]] == [float(c["lr"]) for c in cfg["study"]["configs"]]  # each its own
     total = [run_flops(c["run"], 1025, 128)["total"] for c in first]
-    per_step = run_flops(first[3]["run"], 1025, 128)["per_step"]
-    assert max(total[:3]) <= total[3] < max(total[:3]) + per_step  # matched to within one step
+    per_step = run_flops(first[n]["run"], 1025, 128)["per_step"]
+    assert max(total[:n]) <= total[n] < max(total[:n]) + per_step  # matched to within one step
     assert {(c["run"]["train"]["seed"], c["run"]["train"]["data_seed"]) for c in cells} == {(s, s) for s in cfg["seeds"]}
     assert build_local_study(cfg).selection().startswith("each configuration trains at the lr its configuration names")
