@@ -103,8 +103,8 @@ DEFAULTS: dict[str, Any] = {
         # synchronously); same order and bytes either way, so not hashed (zgcore.data.feed)
         "prefetch": 2,
         "prefetch_workers": 1,  # workers reading ahead (each reads every n-th batch); not hashed
-        # "process": worker processes hand batches over in reused shared memory (1-3% of a step measured);
-        # "thread": worker threads, whose reads hand the GIL back and forth (4-7%); bench/README.md. Not hashed
+        # "process": worker processes hand batches over in reused shared memory (1.2-3.8% of a step measured);
+        # "thread": worker threads, whose reads hand the GIL back and forth (3.5-9.2%); bench/README.md. Not hashed
         "prefetch_mode": "process",
         "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.training.watch); not hashed
         # local auxiliary terms through the teacher's frozen head (zgcore.training.objectives.aux_losses); 0 = off, not hashed
