@@ -16,6 +16,8 @@ from zgcore.data.boundary_store import TORCH_DTYPES, BoundaryReader, BoundarySto
 from zgcore.data.feed import prefetch
 from zgcore.models.teacher import load, materialise
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 # -- the prefetching worker
 
@@ -222,6 +224,42 @@ def test_worker_processes_reuse_their_buffers_but_never_one_the_consumer_still_h
     for i, loss in saved:
         loss.backward()
         assert torch.equal(w.grad, torch.full((8, 1), 4.0 * i)) and w.grad.zero_() is not None
+
+
+def test_a_worker_process_whose_training_process_is_killed_exits_on_its_own():
+    """kill -9 of a training process leaves nothing behind: its prefetch worker processes notice
+    that their parent is gone and exit (within a second or two), releasing the files they hold."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time, torch, multiprocessing as mp\n"
+            "from zgcore.data.feed import prefetch\n"
+            "def src(w, n):\n"
+            "    while True:\n"
+            "        yield torch.zeros(4)\n"
+            "it = prefetch(src, 2, workers=2, mode='process')\n"
+            "next(it)\n"
+            "print(' '.join(str(p.pid) for p in mp.active_children()), flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=str(REPO))
+    pids = [int(x) for x in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)
 
 
 def test_the_reader_reuses_a_batch_tensor_only_when_nothing_refers_to_it(stores):
