@@ -226,6 +226,33 @@ def test_worker_processes_reuse_their_buffers_but_never_one_the_consumer_still_h
         assert torch.equal(w.grad, torch.full((8, 1), 4.0 * i)) and w.grad.zero_() is not None
 
 
+def test_with_pin_memory_a_thread_copies_each_process_batch_out_of_its_buffer(monkeypatch):
+    """On CUDA (``pin_memory``) the batches of worker processes are copied into page-locked memory
+    by one thread of the training process, not by the training thread, and the shared buffer goes
+    back to its worker after the copy. Here the page-locked copy is stood in for by a clone (no
+    CUDA on this machine): order, values and the copying thread are checked."""
+    import threading
+
+    import zgcore.data.feed as feed
+
+    copied_on = set()
+
+    def fake_pin(item):
+        copied_on.add(threading.current_thread().name)
+        return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in item)
+
+    monkeypatch.setattr(feed, "_pinned", fake_pin)
+
+    def source(worker, workers):
+        for i in range(worker, 30, workers):
+            yield i, torch.full((8, 4), float(i))
+
+    kept = list(prefetch(source, 2, pin_memory=True, workers=2, mode="process"))
+    assert [i for i, _ in kept] == list(range(30)) and all(x.eq(i).all() for i, x in kept)
+    assert copied_on == {"zerograph-prefetch-0"}  # the pinning thread, never the consumer
+    assert len({x.data_ptr() for _, x in kept}) == 30  # the consumer holds copies, not the buffers
+
+
 def test_a_worker_process_whose_training_process_is_killed_exits_on_its_own():
     """kill -9 of a training process leaves nothing behind: its prefetch worker processes notice
     that their parent is gone and exit (within a second or two), releasing the files they hold."""
