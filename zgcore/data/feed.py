@@ -115,6 +115,24 @@ class PrefetchError(RuntimeError):
     training task resumes from its last checkpoint), or read synchronously with ``train.prefetch=0``."""
 
 
+def _take(q, worker, w: int):
+    """The next message of worker ``w`` (a thread or a process) from its queue ``q``; a worker that
+    ended without handing anything over must not hang the consumer.
+
+    Raises:
+        PrefetchError: the worker is gone and its queue is empty."""
+    import queue
+
+    while True:
+        try:
+            return q.get(timeout=1.0)
+        except queue.Empty:
+            if not worker.is_alive() and q.empty():
+                raise PrefetchError(f"prefetch worker {w} ended without an item, an end or an error; rerun "
+                                    "(training resumes from its last checkpoint) or set train.prefetch=0 "
+                                    "to read synchronously") from None
+
+
 def _pinned(item):
     """``item`` (a tensor, or a tuple of tensors and other values) with its tensors in page-locked memory."""
     if isinstance(item, torch.Tensor):
@@ -169,15 +187,7 @@ def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_me
         k = 0
         while True:
             w = k % workers
-            while True:  # a worker that died without handing anything over must not hang the consumer
-                try:
-                    item = queues[w].get(timeout=1.0)
-                    break
-                except queue.Empty:
-                    if not threads[w].is_alive() and queues[w].empty():
-                        raise PrefetchError(f"prefetch worker {w} ended without an item, an end or an error; rerun "
-                                            "(training resumes from its last checkpoint) or set train.prefetch=0 "
-                                            "to read synchronously") from None
+            item = _take(queues[w], threads[w], w)
             if item is _END:
                 return
             slots[w].release()
@@ -286,7 +296,6 @@ def _processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worke
 
     Raises:
         PrefetchError: a worker process ended without handing anything over."""
-    import queue
 
     from zgcore.data.boundary_store.reader import _unshared
     import torch.multiprocessing as tmp
@@ -318,15 +327,7 @@ def _processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worke
         while True:
             w = k % workers
             give_back()
-            while True:  # a worker that died without handing anything over must not hang the consumer
-                try:
-                    msg = outs[w].get(timeout=1.0)
-                    break
-                except queue.Empty:
-                    if not procs[w].is_alive() and outs[w].empty():
-                        raise PrefetchError(f"prefetch worker {w} ended without an item, an end or an error; rerun "
-                                            "(training resumes from its last checkpoint) or set train.prefetch=0 "
-                                            "to read synchronously") from None
+            msg = _take(outs[w], procs[w], w)
             if msg[0] == "end":
                 return
             credits[w].release()
