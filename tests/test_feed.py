@@ -209,7 +209,7 @@ def test_worker_processes_reuse_their_buffers_but_never_one_the_consumer_still_h
     for i, x, y in prefetch(source, 2, workers=2, mode="process"):
         assert x.eq(i).all() and y.eq(-i).all()
         ptrs.add(x.data_ptr())
-    assert len(ptrs) <= 2 * (2 + SLOT_SLACK)  # the buffers went round: 40 items in at most 10 buffers
+    assert len(ptrs) <= 2 * (2 + SLOT_SLACK)  # the buffers went round: 40 items in at most 10 buffers for x
 
     kept = list(prefetch(source, 2, workers=2, mode="process"))  # the consumer keeps them all
     assert [i for i, *_ in kept] == list(range(40))

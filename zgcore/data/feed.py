@@ -202,16 +202,18 @@ def _threaded(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_me
             th.join(max(0.0, deadline - time.monotonic()))
 
 
-class _InSlot:
-    """In a message from a worker process: the item's tensor at this position is in the slot's buffer."""
+class _InBuffer:
+    """In a message from a worker process: the item's tensor at this place is shared buffer ``ident``."""
 
-    def __init__(self, pos: int):
-        self.pos = pos
+    def __init__(self, ident: int):
+        self.ident = ident
 
 
 # Buffers per worker process beyond its ``ahead`` items in flight: the consumer still holds the item
 # it works on (and the one before, until its loop variables are rebound) when it asks for the next.
 SLOT_SLACK = 3
+# at most this many shared buffers per worker and item in flight (an item of a block: x and y)
+BUFFERS_PER_ITEM = 4
 
 
 def _tensors(item) -> list[tuple[int, torch.Tensor]]:
@@ -230,22 +232,57 @@ def _with(item, tensors: dict):
     return tuple(tensors.get(i, x) for i, x in enumerate(item))
 
 
+class _SharedBuffers:
+    """A worker process's shared-memory buffers, each lent to the consumer and given back by number.
+    The worker's :class:`~zgcore.data.boundary_store.BoundaryReader` reads straight into them
+    (:func:`zgcore.data.boundary_store.reader.set_allocator`), so a batch crosses with no copy."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.bufs: dict[int, torch.Tensor] = {}
+        self.free: set[int] = set()
+        self.sent: set[int] = set()
+
+    def take(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor | None:
+        """A free buffer of this shape and dtype (made if there is none and the limit allows), now
+        busy until given back; None when every buffer is busy."""
+        for i in self.free:
+            b = self.bufs[i]
+            if tuple(b.shape) == tuple(shape) and b.dtype == dtype:
+                self.free.discard(i)
+                return b
+        if len(self.bufs) >= self.limit:
+            return None
+        b = torch.empty(shape, dtype=dtype).share_memory_()
+        self.bufs[len(self.bufs)] = b
+        return b
+
+    def ident(self, t: torch.Tensor) -> int | None:
+        """The number of buffer ``t`` (the very tensor), or None if it is not one of these."""
+        for i, b in self.bufs.items():
+            if b is t:
+                return i
+        return None
+
+
 def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_q, free_q, stop, parent: int) -> None:
     """Worker process ``w``: produce ``make_source(w, workers)``'s items, each after taking a credit
-    (at most ``ahead`` beyond what the consumer took), copying its tensors into one of ``slots``
-    reused shared-memory buffers the consumer has given back (a new buffer is sent once, when first
-    made or when a shape changes; afterwards only the slot's number travels). With no buffer free
-    (a consumer keeping old items), the item is sent as is, through torch's shared memory. Ends
-    when ``stop`` is set or the consumer's process ``parent`` is gone (killed: nothing else would
-    tell it)."""
+    (at most ``ahead`` beyond what the consumer took), with its tensors in shared-memory buffers
+    the consumer gives back once it no longer refers to them: a boundary store's reader reads
+    straight into them, any other tensor is copied in. A buffer is sent once, when first made;
+    afterwards only its number travels. With every buffer busy (a consumer keeping old items), the
+    item is sent as is, through torch's shared memory. Ends when ``stop`` is set or the consumer's
+    process ``parent`` is gone (killed: nothing else would tell it)."""
     import os
+
+    from zgcore.data.boundary_store import reader as boundary_reader
 
     def gone() -> bool:
         return stop.is_set() or os.getppid() != parent
 
     torch.set_num_threads(1)  # as DataLoader's workers: a forked OpenMP pool must not be used, nor oversubscribe
-    bufs: dict[int, dict[int, torch.Tensor]] = {}
-    free = list(range(slots))
+    pool = _SharedBuffers(BUFFERS_PER_ITEM * slots)
+    boundary_reader.set_allocator(pool.take)
     source = None
     try:
         source = make_source(w, workers)
@@ -261,22 +298,30 @@ def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_
                 out_q.put(("end",))
                 break
             while not free_q.empty():
-                free.append(free_q.get())
-            tensors = _tensors(item)
-            if not tensors or not free:
-                out_q.put(("item", item))
+                pool.free.add(free_q.get())
+            places, new, by_value = {}, {}, False
+            for pos, t in _tensors(item):
+                i = pool.ident(t)
+                if i is None:
+                    b = pool.take(tuple(t.shape), t.dtype)
+                    if b is None:
+                        by_value = True
+                        break
+                    b.copy_(t)
+                    i = pool.ident(b)
+                places[pos] = i
+            if by_value or not places:
+                out_q.put(("item", item))  # a buffer in it is sent by value too, and stays busy: never reused
                 continue
-            s = free.pop()
-            have, new = bufs.setdefault(s, {}), {}
-            for pos, t in tensors:
-                b = have.get(pos)
-                if b is None or b.shape != t.shape or b.dtype != t.dtype:
-                    b = have[pos] = new[pos] = torch.empty_like(t, memory_format=torch.contiguous_format).share_memory_()
-                b.copy_(t)
-            out_q.put(("slot", s, _with(item, {pos: _InSlot(pos) for pos, _ in tensors}), new))
+            for i in places.values():
+                if i not in pool.sent:
+                    new[i] = pool.bufs[i]
+                    pool.sent.add(i)
+            out_q.put(("bufs", _with(item, {pos: _InBuffer(i) for pos, i in places.items()}), new))
     except BaseException as e:  # noqa: BLE001 (raised again, unchanged, in the consumer: never leave it waiting)
         out_q.put(("item", _Raised(e)))
     finally:
+        boundary_reader.set_allocator(None)
         if source is not None and hasattr(source, "close"):
             source.close()
     # a buffer's file descriptor is fetched from this process when the consumer unpickles its message:
@@ -288,7 +333,9 @@ def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_
 def _processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, workers: int) -> Iterator[T]:
     """:func:`prefetch` with worker processes: the in-flight bound of :func:`_threaded` (a credit per
     item, given back when the consumer takes it), and each item's tensors handed over in reused
-    shared-memory buffers (``ahead + SLOT_SLACK`` per worker). A buffer goes back to its worker once
+    shared-memory buffers (:class:`_SharedBuffers`, at most ``BUFFERS_PER_ITEM * (ahead +
+    SLOT_SLACK)`` per worker; a worker's boundary reader reads into them, so a batch is copied
+    from the page cache once, as by a thread). A buffer goes back to its worker once
     nothing in this process refers to it any more (the test of the boundary reader's pool): the
     training thread's cost per batch is one small message, never a file descriptor per tensor nor a
     fresh mapping (``bench/data_feed.py``). Closing stops the workers (at most ``CLOSE_WAIT_S``,
@@ -296,7 +343,6 @@ def _processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worke
 
     Raises:
         PrefetchError: a worker process ended without handing anything over."""
-
     from zgcore.data.boundary_store.reader import _unshared
     import torch.multiprocessing as tmp
 
@@ -313,14 +359,14 @@ def _processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worke
                          name=f"zerograph-prefetch-{w}", daemon=True) for w in range(workers)]
     for p in procs:
         p.start()
-    bufs: list[dict[int, dict[int, torch.Tensor]]] = [{} for _ in range(workers)]
-    lent: list[tuple[int, int]] = []  # (worker, slot) handed out, not yet given back
+    bufs: list[dict[int, torch.Tensor]] = [{} for _ in range(workers)]
+    lent: list[tuple[int, int]] = []  # (worker, buffer) handed out, not yet given back
 
     def give_back() -> None:
-        for w, s in list(lent):
-            if all(_unshared(bufs[w][s][pos], sent=True) for pos in list(bufs[w][s])):
-                frees[w].put(s)
-                lent.remove((w, s))
+        for w, i in list(lent):
+            if _unshared(bufs[w][i], sent=True):
+                frees[w].put(i)
+                lent.remove((w, i))
 
     try:
         k = 0
@@ -331,12 +377,12 @@ def _processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worke
             if msg[0] == "end":
                 return
             credits[w].release()
-            if msg[0] == "slot":
-                _, s, item, new = msg
-                bufs[w].setdefault(s, {}).update(new)
-                item = _with(item, {i: bufs[w][s][x.pos] for i, x in enumerate(item if isinstance(item, tuple) else [item])
-                                    if isinstance(x, _InSlot)})
-                lent.append((w, s))
+            if msg[0] == "bufs":
+                _, item, new = msg
+                bufs[w].update(new)
+                marks = [(i, x) for i, x in enumerate(item if isinstance(item, tuple) else [item]) if isinstance(x, _InBuffer)]
+                lent.extend((w, x.ident) for _, x in marks)
+                item = _with(item, {i: bufs[w][x.ident] for i, x in marks})
             else:
                 item = msg[1]
             if isinstance(item, _Raised):

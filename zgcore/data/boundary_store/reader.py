@@ -38,6 +38,17 @@ NONFINITE_SHIFTED = {"bfloat16": 0xFF00, "float16": 0xF800}
 # storage). Reusing pages already mapped avoids a fresh allocation's page faults and, when it is
 # freed, the unmapping that interrupts every core running this process (bench/README.md).
 POOL_SIZE = 16
+# where a reader in a prefetch worker process takes its batch tensors (zgcore.data.feed): shared
+# memory lent to the training process, so a batch crosses with no copy; None elsewhere
+_ALLOCATE = None
+
+
+def set_allocator(take) -> None:
+    """Make every reader of this process take its unpinned batch tensors from ``take(shape,
+    dtype)`` (a tensor, or None for an ordinary one), or stop with ``None``. For a prefetch worker
+    process, which owns its process (``zgcore.data.feed``)."""
+    global _ALLOCATE
+    _ALLOCATE = take
 
 
 def _unshared(t: torch.Tensor, sent: bool = False) -> bool:
@@ -261,6 +272,10 @@ class BoundaryReader:
     def _empty(self, shape: tuple) -> tuple[torch.Tensor, np.ndarray]:
         """A new tensor of the storage dtype and a numpy view of its memory in the dtype HDF5
         stores (bfloat16: its uint16 bit pattern; numpy has no bfloat16)."""
+        if _ALLOCATE is not None and not self.pin_memory:
+            out = _ALLOCATE(shape, TORCH_DTYPES[self.dtype])
+            if out is not None:
+                return out, self._as_numpy(out)
         pool = self._pool.get(shape, []) if not self.pin_memory else []
         for i in range(len(pool)):
             if _unshared(pool[i]):  # no local name for it while asking: that would be a reference
