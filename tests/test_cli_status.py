@@ -90,13 +90,15 @@ def test_every_run_ends_with_the_report_path_a_no_op_rerun_too(built, tmp_path):
 def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
     out = tmp_path / "o"
     cfg = tiny_cfg(**{"train.max_steps": 1500, "train.checkpoint_every": 20})
+    # its own process group, as a terminal's foreground job: Ctrl-C reaches the run and its prefetch
+    # worker processes alike, and still prints one line
     p = subprocess.Popen(_luigi(out, cfg=cfg), cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, start_new_session=True)
     deadline = time.time() + 180
     while time.time() < deadline and not list(out.glob("TrainBlock/*.partial/checkpoint.pt")) and p.poll() is None:
         time.sleep(0.05)
     assert p.poll() is None, "the run ended before its first checkpoint"
-    p.send_signal(signal.SIGINT)
+    os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == INTERRUPTED_EXIT == 130, err[-3000:]
     assert err.rstrip().splitlines()[-1] == INTERRUPTED

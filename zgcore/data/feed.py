@@ -274,12 +274,16 @@ def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_
     item is sent as is, through torch's shared memory. Ends when ``stop`` is set or the consumer's
     process ``parent`` is gone (killed: nothing else would tell it)."""
     import os
+    import signal
 
     from zgcore.data.boundary_store import reader as boundary_reader
 
     def gone() -> bool:
         return stop.is_set() or os.getppid() != parent
 
+    # Ctrl-C in a terminal reaches every process of the group: the training process stops its
+    # workers itself (one line, exit 130), so a worker must not print a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # as DataLoader's workers: a forked OpenMP pool must not be used, nor oversubscribe
     pool = _SharedBuffers(BUFFERS_PER_ITEM * slots)
     boundary_reader.set_allocator(pool.take)
