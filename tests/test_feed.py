@@ -199,7 +199,7 @@ def test_worker_processes_reuse_their_buffers_but_never_one_the_consumer_still_h
     item gets the same few buffers back again and again (no fresh mapping per batch); one that keeps
     every item (a list, a view, a tensor saved for backward) still sees each item's own values at
     the end: a buffer is reused only once nothing in the consumer refers to it."""
-    from zgcore.data.feed import SLOT_SLACK
+    from zgcore.data.process_workers import SLOT_SLACK
 
     def source(worker, workers):
         for i in range(worker, 40, workers):

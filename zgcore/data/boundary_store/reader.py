@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -21,6 +20,7 @@ import torch
 import xxhash
 
 from zgcore.hashing import file_sha256
+from . import memory
 from .integrity import outside_sha256
 from .common import (FINITE_AT_WRITE, FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, TORCH_DTYPES, BoundaryStoreError, check_finite,
                      quarantine, quarantine_file, system_error, unavailable)
@@ -31,35 +31,6 @@ PIECE_BYTES = 1 << 20
 # A 16-bit value shifted left by one (sign dropped) is at least this when its exponent bits are all
 # ones (inf or NaN): bfloat16 0x7f80 << 1, float16 0x7c00 << 1.
 NONFINITE_SHIFTED = {"bfloat16": 0xFF00, "float16": 0xF800}
-
-
-# Batch tensors a reader keeps for reuse, per shape: a returned batch's memory is written again only
-# once nothing but the pool refers to it (its Python object nor any view, saved tensor or copy of its
-# storage). Reusing pages already mapped avoids a fresh allocation's page faults and, when it is
-# freed, the unmapping that interrupts every core running this process (bench/README.md).
-POOL_SIZE = 16
-# where a reader in a prefetch worker process takes its batch tensors (zgcore.data.feed): shared
-# memory lent to the training process, so a batch crosses with no copy; None elsewhere
-_ALLOCATE = None
-
-
-def set_allocator(take) -> None:
-    """Make every reader of this process take its unpinned batch tensors from ``take(shape,
-    dtype)`` (a tensor, or None for an ordinary one), or stop with ``None``. For a prefetch worker
-    process, which owns its process (``zgcore.data.feed``)."""
-    global _ALLOCATE
-    _ALLOCATE = take
-
-
-def _unshared(t: torch.Tensor, sent: bool = False) -> bool:
-    """True when only the reader's pool refers to ``t``: it was never sent to another process (its
-    storage is not in shared memory), no other Python reference to the tensor (``sys.getrefcount``:
-    the pool's list and the call's argument) and no other tensor or autograd record on its storage
-    (its use count: ``t`` and the temporary storage object). ``sent``: ``t`` is a shared-memory
-    buffer of the prefetch (``zgcore.data.feed``), which the other process writes only when told to."""
-    if t.is_shared() and not sent:  # handed to another process (torch moved it into shared memory to send it): never reused
-        return False
-    return sys.getrefcount(t) <= 3 and torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2
 
 
 class BoundaryReader:
@@ -270,24 +241,11 @@ class BoundaryReader:
         return out
 
     def _empty(self, shape: tuple) -> tuple[torch.Tensor, np.ndarray]:
-        """A new tensor of the storage dtype and a numpy view of its memory in the dtype HDF5
-        stores (bfloat16: its uint16 bit pattern; numpy has no bfloat16)."""
-        if _ALLOCATE is not None and not self.pin_memory:
-            out = _ALLOCATE(shape, TORCH_DTYPES[self.dtype])
-            if out is not None:
-                return out, self._as_numpy(out)
-        pool = self._pool.get(shape, []) if not self.pin_memory else []
-        for i in range(len(pool)):
-            if _unshared(pool[i]):  # no local name for it while asking: that would be a reference
-                return pool[i], self._as_numpy(pool[i])
-        out = torch.empty(shape, dtype=TORCH_DTYPES[self.dtype], pin_memory=self.pin_memory)
-        if not self.pin_memory and len(self._pool.setdefault(shape, [])) < POOL_SIZE:
-            self._pool[shape].append(out)
-        return out, self._as_numpy(out)
-
-    def _as_numpy(self, out: torch.Tensor) -> np.ndarray:
-        """A numpy view of ``out``'s memory in the dtype HDF5 stores (bfloat16: uint16 bits)."""
-        return out.view(torch.int16).numpy().view(np.uint16) if self.dtype == "bfloat16" else out.numpy()
+        """A tensor of the storage dtype for a batch (:func:`.memory.batch_tensor`: reused once
+        nothing refers to it) and a numpy view of its memory in the dtype HDF5 stores (bfloat16:
+        its uint16 bit pattern; numpy has no bfloat16)."""
+        out = memory.batch_tensor(self._pool, shape, TORCH_DTYPES[self.dtype], self.pin_memory)
+        return out, (out.view(torch.int16).numpy().view(np.uint16) if self.dtype == "bfloat16" else out.numpy())
 
     def _buffer(self, key: tuple, dtype: np.dtype) -> np.ndarray:
         """A reused scratch array of shape ``key[1:]`` (fresh large arrays cost page faults each call)."""
