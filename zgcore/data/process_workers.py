@@ -104,6 +104,7 @@ def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_
     # Ctrl-C in a terminal reaches every process of the group: the training process stops its
     # workers itself (one line, exit 130), so a worker must not print a traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while it forked
     torch.set_num_threads(1)  # as DataLoader's workers: a forked OpenMP pool must not be used, nor oversubscribe
     pool = _SharedBuffers(BUFFERS_PER_ITEM * slots)
     set_allocator(pool.take)
@@ -180,8 +181,17 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
     procs = [ctx.Process(target=_process_worker, args=(make_source, w, workers, slots, credits[w], outs[w], frees[w], stop,
                                                        os.getpid()),
                          name=f"zerograph-prefetch-{w}", daemon=True) for w in range(workers)]
-    for p in procs:
-        p.start()
+    import signal
+
+    # a worker is born with SIGINT blocked (a pending one is then dropped by its SIG_IGN), so that a
+    # Ctrl-C between its fork and its first line cannot print a traceback; this process's own SIGINT
+    # is held for those milliseconds, not lost
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     bufs: list[dict[int, torch.Tensor]] = [{} for _ in range(workers)]
     lent: list[tuple[int, int]] = []  # (worker, buffer) handed out, not yet given back
 
