@@ -91,9 +91,10 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
     out = tmp_path / "o"
     cfg = tiny_cfg(**{"train.max_steps": 1500, "train.checkpoint_every": 20})
     # its own process group, as a terminal's foreground job: Ctrl-C reaches the run and its prefetch
-    # worker processes alike, and still prints one line
+    # worker processes alike, and still prints one line. SIGINT's default action restored first: a
+    # suite started as a background job of a non-interactive shell inherits it ignored, and so would the run
     p = subprocess.Popen(_luigi(out, cfg=cfg), cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+                         text=True, start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 180
     while time.time() < deadline and not list(out.glob("TrainBlock/*.partial/checkpoint.pt")) and p.poll() is None:
         time.sleep(0.05)
