@@ -17,6 +17,7 @@ from zgcore.data.feed import prefetch
 from zgcore.models.teacher import load, materialise
 
 REPO = Path(__file__).resolve().parents[1]
+Batch = __import__("collections").namedtuple("Batch", "step x")  # an item type a source may yield (picklable: module level)
 
 
 # -- the prefetching worker
@@ -224,6 +225,59 @@ def test_worker_processes_reuse_their_buffers_but_never_one_the_consumer_still_h
     for i, loss in saved:
         loss.backward()
         assert torch.equal(w.grad, torch.full((8, 1), 4.0 * i)) and w.grad.zero_() is not None
+
+
+def test_worker_processes_survive_sources_that_keep_reuse_or_cannot_send_what_they_yield():
+    """A source that yields a batch again later (a history), or one tensor twice in an item, still
+    hands each item its own values (a buffer is lent again only once the worker's side lets go of it
+    too); a named tuple stays one; an item or an error that cannot be pickled is raised in the
+    consumer, naming it, instead of being dropped by a queue while the consumer waits forever."""
+    import collections
+    import threading
+
+    from zgcore.data.boundary_store import memory
+
+    def history(worker, workers):  # item i: (i, batch i, batch i-3, batch i again)
+        pool, hist = {}, collections.deque(maxlen=4)
+        for i in range(30):
+            x = memory.batch_tensor(pool, (4, 4), torch.float32, False)
+            x.fill_(i)
+            hist.append(x)
+            yield i, x, hist[0], x
+
+    for i, x, old, again in prefetch(history, 2, mode="process"):
+        time.sleep(0.002)  # the step: the worker runs ahead meanwhile
+        assert x.eq(i).all() and old.eq(max(i - 3, 0)).all() and again.eq(i).all()
+
+    assert {type(b).__name__ for b in prefetch(lambda w, n: (Batch(i, torch.zeros(2)) for i in range(5)), 2,
+                                               mode="process")} == {"Batch"}
+
+    class TwoArgs(Exception):
+        def __init__(self, a, b):  # its args do not rebuild it
+            super().__init__(f"{a}: {b}")
+
+    def unsendable(worker, workers):
+        yield 0, torch.zeros(2), None
+        yield 1, torch.zeros(2), (lambda: 1)  # a lambda does not pickle
+
+    def raises(worker, workers):
+        yield 0
+        raise TwoArgs("boundary shard file /x/b2.h5", "checksum failure")
+
+    for source, match in ((unsendable, "pickle"), (raises, "TwoArgs: boundary shard file /x/b2.h5: checksum failure")):
+        errors: list[str] = []
+
+        def consume():
+            try:
+                for _ in prefetch(source, 1, mode="process"):
+                    pass
+            except Exception as e:  # noqa: BLE001
+                errors.append(str(e))
+
+        t = threading.Thread(target=consume, daemon=True)
+        t.start()
+        t.join(20)
+        assert not t.is_alive() and len(errors) == 1 and match in errors[0], errors
 
 
 def test_with_pin_memory_a_thread_copies_each_process_batch_out_of_its_buffer(monkeypatch):

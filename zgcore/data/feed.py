@@ -103,7 +103,8 @@ def _pinned(item):
     if isinstance(item, torch.Tensor):
         return item if item.is_pinned() else item.pin_memory()
     if isinstance(item, tuple):
-        return tuple(_pinned(x) for x in item)
+        values = [_pinned(x) for x in item]
+        return type(item)(*values) if hasattr(item, "_fields") else tuple(values)  # a named tuple stays one
     return item
 
 

@@ -47,56 +47,97 @@ def _tensors(item) -> list[tuple[int, torch.Tensor]]:
 
 
 def _with(item, tensors: dict):
-    """``item`` with the tensors at the positions of ``tensors`` replaced (by buffers or markers)."""
+    """``item`` with the tensors at the positions of ``tensors`` replaced (by buffers or markers),
+    of the item's own type (a named tuple stays one)."""
     if not isinstance(item, tuple):
-        return tensors[0]
-    return tuple(tensors.get(i, x) for i, x in enumerate(item))
+        return tensors.get(0, item)
+    values = [tensors.get(i, x) for i, x in enumerate(item)]
+    return type(item)(*values) if hasattr(item, "_fields") else tuple(values)
 
 
 class _SharedBuffers:
     """A worker process's shared-memory buffers, each lent to the consumer and given back by number.
     The worker's :class:`~zgcore.data.boundary_store.BoundaryReader` reads straight into them
-    (:func:`zgcore.data.boundary_store.reader.set_allocator`), so a batch crosses with no copy."""
+    (:func:`zgcore.data.boundary_store.memory.set_allocator`), so a batch crosses with no copy. A
+    buffer is taken only when it is free: given back by the consumer, and referred to by nothing in
+    this process either (a source that kept it; :func:`~zgcore.data.boundary_store.memory.unshared`)."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.bufs: dict[int, torch.Tensor] = {}
-        self.free: set[int] = set()
-        self.sent: set[int] = set()
+        self.free: set[int] = set()  # given back by the consumer
+        self.sent: set[int] = set()  # the consumer has this number's current tensor
+        self.taken: list[int] = []  # taken for the item being produced
 
     def take(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor | None:
-        """A free buffer of this shape and dtype (made if there is none and the limit allows), now
-        busy until given back; None when every buffer is busy."""
-        for i in self.free:
-            b = self.bufs[i]
-            if tuple(b.shape) == tuple(shape) and b.dtype == dtype:
-                self.free.discard(i)
-                return b
-        if len(self.bufs) >= self.limit:
+        """A free buffer of this shape and dtype, else a new one (in place of a free buffer of another
+        shape once ``limit`` buffers exist); None when every buffer is busy."""
+        spare = None
+        for i in sorted(self.free):
+            if not unshared(self.bufs[i], sent=True):
+                continue  # still held here (a source kept it): not yet
+            if tuple(self.bufs[i].shape) == tuple(shape) and self.bufs[i].dtype == dtype:
+                return self._lend(i)
+            spare = i if spare is None else spare
+        if len(self.bufs) < self.limit:
+            i = len(self.bufs)
+        elif spare is not None:  # a shape no longer asked for makes way (the consumer gets the new tensor)
+            i = spare
+            self.sent.discard(i)
+        else:
             return None
-        b = torch.empty(shape, dtype=dtype).share_memory_()
-        self.bufs[len(self.bufs)] = b
-        return b
+        self.bufs[i] = torch.empty(shape, dtype=dtype).share_memory_()
+        return self._lend(i)
+
+    def _lend(self, i: int) -> torch.Tensor:
+        self.free.discard(i)
+        self.taken.append(i)
+        return self.bufs[i]
 
     def ident(self, t: torch.Tensor) -> int | None:
-        """The number of buffer ``t`` (the very tensor), or None if it is not one of these."""
-        for i, b in self.bufs.items():
-            if b is t:
+        """The number of buffer ``t`` (the very tensor) taken for the item being produced, or None."""
+        for i in self.taken:
+            if self.bufs[i] is t:
                 return i
         return None
+
+
+def _dumps(msg) -> bytes:
+    """``msg`` pickled here, in the worker (torch's reductions: a shared tensor's file descriptor
+    is passed), so that a message that cannot be pickled raises in the worker instead of being
+    dropped by a queue's feeder thread (the consumer would wait for it forever)."""
+    import io
+
+    from multiprocessing.reduction import ForkingPickler
+
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(msg)
+    return buf.getvalue()
+
+
+def _error_message(e: BaseException) -> bytes:
+    """``e`` for the consumer: itself where it pickles and unpickles, else a RuntimeError naming its
+    type and message."""
+    import pickle
+
+    try:
+        data = _dumps(("item", _Raised(e)))
+        pickle.loads(data)
+        return data
+    except Exception:  # noqa: BLE001 (any failure: the consumer still gets one line naming the error)
+        return _dumps(("item", _Raised(RuntimeError(f"{type(e).__name__}: {e}"))))
 
 
 def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_q, free_q, stop, parent: int) -> None:
     """Worker process ``w``: produce ``make_source(w, workers)``'s items, each after taking a credit
     (at most ``ahead`` beyond what the consumer took), with its tensors in shared-memory buffers
     the consumer gives back once it no longer refers to them: a boundary store's reader reads
-    straight into them, any other tensor is copied in. A buffer is sent once, when first made;
-    afterwards only its number travels. With every buffer busy (a consumer keeping old items), the
-    item is sent as is, through torch's shared memory. Ends when ``stop`` is set or the consumer's
-    process ``parent`` is gone (killed: nothing else would tell it)."""
+    straight into them, any other tensor (or one the item holds twice) is copied in. A buffer is
+    sent once, when first made; afterwards only its number travels. A tensor with no buffer free (a
+    consumer keeping old items) is sent as is, through torch's shared memory. Ends when ``stop`` is
+    set or the consumer's process ``parent`` is gone (killed: nothing else would tell it)."""
     import os
     import signal
-
 
     def gone() -> bool:
         return stop.is_set() or os.getppid() != parent
@@ -106,6 +147,7 @@ def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while it forked
     torch.set_num_threads(1)  # as DataLoader's workers: a forked OpenMP pool must not be used, nor oversubscribe
+    out_q.cancel_join_thread()  # at exit, never wait on a pipe a killed consumer no longer reads
     pool = _SharedBuffers(BUFFERS_PER_ITEM * slots)
     set_allocator(pool.take)
     source = None
@@ -117,34 +159,39 @@ def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_
                     return
             if gone():
                 return
+            item = t = b = None  # the last item's tensors: no reference left here while buffers are taken
+            pool.taken = []
             try:
                 item = next(source)
             except StopIteration:
-                out_q.put(("end",))
+                out_q.put(_dumps(("end",)))
                 break
             while not free_q.empty():
                 pool.free.add(free_q.get())
-            places, new, by_value = {}, {}, False
+            places, new, used = {}, {}, set()
+            b = None
             for pos, t in _tensors(item):
                 i = pool.ident(t)
-                if i is None:
+                if i is None or i in used:  # not read into a buffer for this item, or held twice: copy it in
                     b = pool.take(tuple(t.shape), t.dtype)
                     if b is None:
-                        by_value = True
-                        break
+                        continue  # sent by value
                     b.copy_(t)
                     i = pool.ident(b)
+                used.add(i)
                 places[pos] = i
-            if by_value or not places:
-                out_q.put(("item", item))  # a buffer in it is sent by value too, and stays busy: never reused
+            for i in set(pool.taken) - used:  # taken for this item but not lent after all
+                pool.free.add(i)
+            if not places:  # nothing lent: the item as it is
+                out_q.put(_dumps(("item", item)))
                 continue
             for i in places.values():
                 if i not in pool.sent:
                     new[i] = pool.bufs[i]
                     pool.sent.add(i)
-            out_q.put(("bufs", _with(item, {pos: _InBuffer(i) for pos, i in places.items()}), new))
+            out_q.put(_dumps(("bufs", _with(item, {pos: _InBuffer(i) for pos, i in places.items()}), new)))
     except BaseException as e:  # noqa: BLE001 (raised again, unchanged, in the consumer: never leave it waiting)
-        out_q.put(("item", _Raised(e)))
+        out_q.put(_error_message(e))
     finally:
         set_allocator(None)
         if source is not None and hasattr(source, "close"):
@@ -181,6 +228,7 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
     procs = [ctx.Process(target=_process_worker, args=(make_source, w, workers, slots, credits[w], outs[w], frees[w], stop,
                                                        os.getpid()),
                          name=f"zerograph-prefetch-{w}", daemon=True) for w in range(workers)]
+    import pickle
     import signal
 
     # a worker is born with SIGINT blocked (a pending one is then dropped by its SIG_IGN), so that a
@@ -206,7 +254,7 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
         while True:
             w = k % workers
             give_back()
-            msg = _take(outs[w], procs[w], w)
+            msg = pickle.loads(_take(outs[w], procs[w], w))
             if msg[0] == "end":
                 return
             credits[w].release()
@@ -221,6 +269,7 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
             if isinstance(item, _Raised):
                 raise item.error
             yield item
+            item = msg = new = None  # the consumer's references are the ones that count
             k += 1
     finally:
         stop.set()
