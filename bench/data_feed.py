@@ -368,8 +368,9 @@ def main(argv=None) -> int:
               f"(format 3: {min(v[1] / v[3] for (d, _), v in before.items() if d == dtype):.2f})")
     for dtype in DTYPES:
         print(f"read/raw {dtype} {min(ratios[(dtype, bs)][0] for bs in BATCH_SIZES):.2f}")
-    for step_ms, (sync, pre, _) in waits["process"].items():
-        print(f"process workers: wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}")
+    other = "thread" if DEFAULTS["train"]["prefetch_mode"] == "process" else "process"
+    for step_ms, (sync, pre, _) in waits[other].items():
+        print(f"{other} workers: wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}")
     for step_ms, (sync, pre, _) in waits[DEFAULTS["train"]["prefetch_mode"]].items():
         print(f"wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}")
     return 0 if same else 1
