@@ -7,7 +7,7 @@ Two kinds of worker (``train.prefetch_mode``):
 * ``"process"`` (default): worker processes (``fork`` where there is one), each reading every
   ``workers``-th batch and checking it in its own interpreter, so its Python never holds the
   training thread's GIL. A batch crosses in one of a few shared-memory buffers the worker reuses
-  (:func:`_processes`): the training thread receives one small message per batch and never maps a
+  (:func:`zgcore.data.process_workers.processes`): the training thread receives one small message per batch and never maps a
   fresh buffer or receives a file descriptor per tensor (PyTorch's DataLoader, used before, did:
   ~1-5 ms per batch). With ``pin_memory`` (CUDA) one thread of the training process copies each
   batch into page-locked memory (two GIL-free copies per batch) so that the step's
@@ -22,9 +22,10 @@ Two kinds of worker (``train.prefetch_mode``):
 
 Measured (``bench/data_feed.py --slowdown-only``, 2026-12-03, quiet 2-core machine, 16 MiB batches
 of hidden 2048 bfloat16, a training-like loop of 32-38 ms steps of small torch ops): reading and
-checking one batch ahead cost the training thread 1.3-3.4% of a step with two worker processes and
-5.6-7.3% with two worker threads (3.5-4.9% with the threads kept off the training thread's core,
-``--pin``); ``bench/README.md``.
+checking one batch ahead cost the training thread 1.2-3.8% of a step with two worker processes and
+3.5-9.2% with two worker threads (the lower end with the threads kept off the training thread's core,
+``--pin``); ``bench/README.md``. A process's batch costs the consumer a constant ~0.5 ms (a thread's
+small batch ~0.1 ms): with small batches and steps under ~10 ms choose ``"thread"``.
 
 Either way an error in a worker (a damaged shard: :class:`~zgcore.data.boundary_store.BoundaryStoreError`)
 is handed over as a value and raised in the consumer with its own type and message, at the batch
@@ -39,7 +40,7 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 import torch
 
-from zgcore.data.handover import CLOSE_WAIT_S, PrefetchError, _Raised, _take  # noqa: F401 (PrefetchError: raised here, by name)
+from zgcore.data.handover import CLOSE_WAIT_S, PrefetchError, _Raised, _take, same_kind  # noqa: F401 (PrefetchError: raised here, by name)
 
 T = TypeVar("T")
 
@@ -104,7 +105,7 @@ def _pinned(item):
         return item if item.is_pinned() else item.pin_memory()
     if isinstance(item, tuple):
         values = [_pinned(x) for x in item]
-        return type(item)(*values) if hasattr(item, "_fields") else tuple(values)  # a named tuple stays one
+        return same_kind(item, values)
     return item
 
 

@@ -45,3 +45,9 @@ def _take(q, worker, w: int):
                 raise PrefetchError(f"prefetch worker {w} ended without an item, an end or an error; rerun "
                                     "(training resumes from its last checkpoint) or set train.prefetch=0 "
                                     "to read synchronously") from None
+
+
+def same_kind(item: tuple, values) -> tuple:
+    """``values`` as a tuple of ``item``'s own type (a named tuple stays one), for a worker that
+    rebuilds an item with some elements replaced."""
+    return type(item)(*values) if hasattr(item, "_fields") else tuple(values)

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, TypeVar
 import torch
 
 from zgcore.data.boundary_store.memory import set_allocator, unshared
-from zgcore.data.handover import CLOSE_WAIT_S, _context, _Raised, _take
+from zgcore.data.handover import CLOSE_WAIT_S, _context, _Raised, _take, same_kind
 
 T = TypeVar("T")
 
@@ -52,7 +52,7 @@ def _with(item, tensors: dict):
     if not isinstance(item, tuple):
         return tensors.get(0, item)
     values = [tensors.get(i, x) for i, x in enumerate(item)]
-    return type(item)(*values) if hasattr(item, "_fields") else tuple(values)
+    return same_kind(item, values)
 
 
 class _SharedBuffers:
