@@ -285,3 +285,17 @@ def test_a_bfloat16_teacher_builds_its_own_cache_close_to_float32(tmp_path, run_
             caches[dt] = r.read("train", 4, np.arange(8))
     a, b = caches["float32"], caches["bfloat16"]
     assert not torch.equal(a, b) and ((a - b).norm() / a.norm()) < 0.05  # run in bf16: close, not equal
+
+
+def test_a_shard_build_shows_a_progress_bar_of_sequences(tmp_path, capsys):
+    """A teacher pass over a shard is the long part of a cache build: it shows a bar counting sequences."""
+    from zgcore.data.boundary_store import write_shard
+    from zgcore.models.teacher import load, materialise
+
+    rec = materialise("tiny-qwen2", outputs=tmp_path)
+    teacher, _ = load(rec)
+    rows = np.random.default_rng(0).integers(0, 256, (5, 8))
+    (tmp_path / "shard").mkdir()
+    r = write_shard(tmp_path / "shard", teacher, rows, "val", 0, [0, 1], "float32", 2, {}, desc="BoundaryShard val-0-5")
+    err = capsys.readouterr().err
+    assert r["hi"] == 5 and "BoundaryShard val-0-5" in err and "5/5" in err and "seq" in err

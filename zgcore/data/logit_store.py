@@ -119,16 +119,17 @@ def store_extra(top_k: int, temperature: float) -> dict[str, Any]:
 def write_logit_shard(folder: str | Path, teacher: torch.nn.Module, rows: np.ndarray, split: str, lo: int, k: int,
                       temperature: float, batch_size: int, extra: Mapping[str, Any],
                       progress: Callable[[int, int], None] | None = None,
-                      peak_rss: Callable[[], float | None] | None = None) -> dict[str, Any]:
+                      peak_rss: Callable[[], float | None] | None = None, desc: str | None = None) -> dict[str, Any]:
     """Write one logit shard into ``folder`` (which must exist): the teacher's top-``k`` records of
     ``rows`` (token ids ``[m, seq_len]``, sequences ``lo .. lo + m - 1`` of ``split``), through
     :func:`zgcore.data.boundary_store.write_shard` (its file, xxh3 per sequence, SHA-256 in
-    ``shard.json``, finiteness check). ``teacher``: a causal LM (eval), the one online targets run.
+    ``shard.json``, finiteness check, a progress bar named ``desc``). ``teacher``: a causal LM
+    (eval), the one online targets run.
 
     Returns the shard record. Raises :class:`~zgcore.data.boundary_store.BoundaryStoreError` on a
     non-finite target, ``ValueError`` for a bad ``k``."""
     return write_shard(folder, teacher, rows, split, lo, [LOGITS], "float32", batch_size,
-                       {**extra, **store_extra(k, temperature)}, progress=progress, peak_rss=peak_rss,
+                       {**extra, **store_extra(k, temperature)}, progress=progress, peak_rss=peak_rss, desc=desc,
                        capture=lambda ids: {LOGITS: online_targets(teacher, ids, k, temperature)}, width=record_width(k))
 
 

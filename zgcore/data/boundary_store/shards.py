@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import h5py
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from zgcore.models.adapters import capture_boundaries
 from zgcore.atomic import atomic_path, write_json
@@ -52,7 +53,7 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
                 progress: Callable[[int, int], None] | None = None,
                 peak_rss: Callable[[], float | None] | None = None,
                 capture: Callable[[torch.Tensor], Mapping[int, torch.Tensor]] | None = None,
-                width: int | None = None) -> dict[str, Any]:
+                width: int | None = None, desc: str | None = None) -> dict[str, Any]:
     """Run the frozen ``teacher`` over ``rows`` (token ids ``[m, seq_len]``, sequences
     ``lo .. lo+m-1`` of ``split``) and write the shard's files into ``folder`` (which must exist;
     the caller renames it into place). Batches start at ``lo``, so with ``lo`` a multiple of
@@ -61,6 +62,7 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
     ``capture(ids [B, seq_len] int64) -> {b: float32 [B, seq_len, width]}`` computes what is stored
     instead of the teacher's boundaries (the top-k logit store, :mod:`zgcore.data.logit_store`,
     stores its records so), ``width`` their last dimension (default: the teacher's hidden size).
+    ``desc``: the name on the progress bar (sequences per second, on stderr).
 
     Returns the shard record (also written to ``shard.json``). Raises
     :class:`BoundaryStoreError` if the teacher produces a non-finite boundary.
@@ -77,6 +79,7 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
         dsets = {b: f.create_dataset("h", shape=(m, seq_len, hidden), dtype=H5_DTYPES[dtype]) for b, f in files.items()}
         sums = {b: f.create_dataset("xxh3", shape=(m,), dtype=np.uint64) for b, f in files.items()}
         sumsq = {b: [] for b in boundaries}
+        bar = tqdm(total=m, desc=desc or f"teacher {split} {lo}..{lo + m - 1}", unit="seq")
         for k in range(0, m, batch_size):
             ids = torch.from_numpy(rows[k: k + batch_size].astype(np.int64)).to(device)
             captured = capture(ids) if capture is not None else capture_boundaries(teacher, ids, boundaries)
@@ -90,8 +93,10 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
                 sums[b][k: k + len(ids)] = sequence_checksums(stored)
                 if k < n_stats:
                     sumsq[b].append(sequence_sumsq(round_trip(h[: n_stats - k], dtype)))
+            bar.update(len(ids))
             if progress:
                 progress(k + len(ids), m)
+        bar.close()
         for b, f in files.items():
             if n_stats:
                 f.create_dataset("sumsq", data=torch.cat(sumsq[b]).numpy(), fletcher32=True)
