@@ -18,7 +18,7 @@ from typing import Callable, Iterator, TypeVar
 import torch
 
 from zgcore.data.boundary_store.memory import set_allocator, unshared
-from zgcore.data.handover import CLOSE_WAIT_S, _context, _Raised, _take, same_kind
+from zgcore.data.handover import CLOSE_WAIT_S, PrefetchError, _context, _Raised, same_kind
 
 T = TypeVar("T")
 
@@ -104,8 +104,8 @@ class _SharedBuffers:
 
 def _dumps(msg) -> bytes:
     """``msg`` pickled here, in the worker (torch's reductions: a shared tensor's file descriptor
-    is passed), so that a message that cannot be pickled raises in the worker instead of being
-    dropped by a queue's feeder thread (the consumer would wait for it forever)."""
+    is passed), so that a message that cannot be pickled raises in the worker, where it is caught
+    and sent as an error, instead of leaving the consumer waiting for it."""
     import io
 
     from multiprocessing.reduction import ForkingPickler
@@ -128,15 +128,17 @@ def _error_message(e: BaseException) -> bytes:
         return _dumps(("item", _Raised(RuntimeError(f"{type(e).__name__}: {e}"))))
 
 
-def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_q, free_q, stop, parent: int) -> None:
-    """Worker process ``w``: produce ``make_source(w, workers)``'s items, each after taking a credit
-    (at most ``ahead`` beyond what the consumer took), with its tensors in shared-memory buffers
-    the consumer gives back once it no longer refers to them: a boundary store's reader reads
-    straight into them, any other tensor (or one the item holds twice) is copied in. A buffer is
-    sent once, when first made; afterwards only its number travels. A tensor with no buffer free (a
-    consumer keeping old items) is sent as is, through torch's shared memory. Ends when ``stop`` is
-    set or the consumer's process ``parent`` is gone (killed: nothing else would tell it)."""
+def _process_worker(make_source, w: int, workers: int, ahead: int, slots: int, conn, stop, parent: int) -> None:
+    """Worker process ``w``: produce ``make_source(w, workers)``'s items on its end ``conn`` of a
+    duplex pipe, at most ``ahead`` beyond what the consumer took (the consumer's message for each
+    item it takes is a credit, with the numbers of the buffers it gives back), with their tensors in
+    shared-memory buffers: a boundary store's reader reads straight into them, any other tensor (or
+    one the item holds twice) is copied in. A buffer is sent once, when first made; afterwards only
+    its number travels. A tensor with no buffer free (a consumer keeping old items) is sent as is,
+    through torch's shared memory. Ends when ``stop`` is set, the consumer closed its end, or the
+    consumer's process ``parent`` is gone (killed: nothing else would tell it)."""
     import os
+    import pickle
     import signal
 
     def gone() -> bool:
@@ -147,16 +149,20 @@ def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while it forked
     torch.set_num_threads(1)  # as DataLoader's workers: a forked OpenMP pool must not be used, nor oversubscribe
-    out_q.cancel_join_thread()  # at exit, never wait on a pipe a killed consumer no longer reads
     pool = _SharedBuffers(BUFFERS_PER_ITEM * slots)
     set_allocator(pool.take)
-    source = None
+    source, credit = None, ahead
     try:
         source = make_source(w, workers)
         while True:
-            while not credits.acquire(timeout=0.05):
-                if gone():
-                    return
+            while credit == 0 or conn.poll(0):  # take what the consumer sent; wait while no credit is left
+                if not conn.poll(0.05):
+                    if gone():
+                        return
+                    continue
+                taken, freed = pickle.loads(conn.recv_bytes())
+                credit += taken
+                pool.free.update(freed)
             if gone():
                 return
             item = t = b = None  # the last item's tensors: no reference left here while buffers are taken
@@ -164,10 +170,9 @@ def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_
             try:
                 item = next(source)
             except StopIteration:
-                out_q.put(_dumps(("end",)))
+                conn.send_bytes(_dumps(("end",)))
                 break
-            while not free_q.empty():
-                pool.free.add(free_q.get())
+            credit -= 1
             places, new, used = {}, {}, set()
             b = None
             for pos, t in _tensors(item):
@@ -183,15 +188,20 @@ def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_
             for i in set(pool.taken) - used:  # taken for this item but not lent after all
                 pool.free.add(i)
             if not places:  # nothing lent: the item as it is
-                out_q.put(_dumps(("item", item)))
+                conn.send_bytes(_dumps(("item", item)))
                 continue
             for i in places.values():
                 if i not in pool.sent:
                     new[i] = pool.bufs[i]
                     pool.sent.add(i)
-            out_q.put(_dumps(("bufs", _with(item, {pos: _InBuffer(i) for pos, i in places.items()}), new)))
+            conn.send_bytes(_dumps(("bufs", _with(item, {pos: _InBuffer(i) for pos, i in places.items()}), new)))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the consumer closed its end: nobody to tell
     except BaseException as e:  # noqa: BLE001 (raised again, unchanged, in the consumer: never leave it waiting)
-        out_q.put(_error_message(e))
+        try:
+            conn.send_bytes(_error_message(e))
+        except OSError:
+            return
     finally:
         set_allocator(None)
         if source is not None and hasattr(source, "close"):
@@ -202,35 +212,52 @@ def _process_worker(make_source, w: int, workers: int, slots: int, credits, out_
         pass
 
 
+def _receive(conn, proc, w: int) -> bytes:
+    """The next message of worker process ``w`` on the consumer's end ``conn`` of its pipe; a worker
+    that ended without handing anything over must not hang the consumer.
+
+    Raises:
+        PrefetchError: the worker is gone and sent nothing more."""
+    while True:
+        if conn.poll(1.0):
+            try:
+                return conn.recv_bytes()
+            except EOFError:
+                break
+        if not proc.is_alive() and not conn.poll(0):
+            break
+    raise PrefetchError(f"prefetch worker {w} ended without an item, an end or an error; rerun "
+                        "(training resumes from its last checkpoint) or set train.prefetch=0 "
+                        "to read synchronously")
+
+
 def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, workers: int) -> Iterator[T]:
-    """:func:`~zgcore.data.feed.prefetch` with worker processes: the in-flight bound of :func:`~zgcore.data.feed._threaded` (a credit per
-    item, given back when the consumer takes it), and each item's tensors handed over in reused
-    shared-memory buffers (:class:`_SharedBuffers`, at most ``BUFFERS_PER_ITEM * (ahead +
-    SLOT_SLACK)`` per worker; a worker's boundary reader reads into them, so a batch is copied
-    from the page cache once, as by a thread). A buffer goes back to its worker once
-    nothing in this process refers to it any more (the test of the boundary reader's pool): the
-    training thread's cost per batch is one small message, never a file descriptor per tensor nor a
-    fresh mapping (``bench/data_feed.py``). Closing stops the workers (at most ``CLOSE_WAIT_S``,
-    then terminated).
+    """:func:`~zgcore.data.feed.prefetch` with worker processes: at most ``ahead`` items in flight per
+    worker, and each item's tensors handed over in reused shared-memory buffers
+    (:class:`_SharedBuffers`, at most ``BUFFERS_PER_ITEM * (ahead + SLOT_SLACK)`` per worker; a
+    worker's boundary reader reads into them, so a batch is copied from the page cache once, as by
+    a thread). A buffer goes back to its worker once nothing in this process refers to it any more
+    (the test of the boundary reader's pool). Each worker has one duplex pipe: per batch the
+    training thread receives one small message and sends one back (a credit and the buffers it
+    gives back), never a file descriptor per tensor nor a fresh mapping (``bench/data_feed.py``).
+    Closing stops the workers (at most ``CLOSE_WAIT_S``, then terminated).
 
     Raises:
         PrefetchError: a worker process ended without handing anything over."""
+    import os
+    import pickle
+    import signal
+
     import torch.multiprocessing as tmp
 
     ctx = tmp.get_context(_context())
     stop = ctx.Event()
     slots = ahead + SLOT_SLACK
-    credits = [ctx.Semaphore(ahead) for _ in range(workers)]
-    outs = [ctx.Queue() for _ in range(workers)]
-    frees = [ctx.SimpleQueue() for _ in range(workers)]
-    import os
-
-    procs = [ctx.Process(target=_process_worker, args=(make_source, w, workers, slots, credits[w], outs[w], frees[w], stop,
+    pipes = [ctx.Pipe(duplex=True) for _ in range(workers)]
+    conns = [mine for mine, _ in pipes]
+    procs = [ctx.Process(target=_process_worker, args=(make_source, w, workers, ahead, slots, pipes[w][1], stop,
                                                        os.getpid()),
                          name=f"zerograph-prefetch-{w}", daemon=True) for w in range(workers)]
-    import pickle
-    import signal
-
     # a worker is born with SIGINT blocked (a pending one is then dropped by its SIG_IGN), so that a
     # Ctrl-C between its fork and its first line cannot print a traceback; this process's own SIGINT
     # is held for those milliseconds, not lost
@@ -240,13 +267,16 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
             p.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    for _, theirs in pipes:
+        theirs.close()  # only the worker holds its end: its death reads as the end of the pipe here
     bufs: list[dict[int, torch.Tensor]] = [{} for _ in range(workers)]
     lent: list[tuple[int, int]] = []  # (worker, buffer) handed out, not yet given back
+    freed: list[list[int]] = [[] for _ in range(workers)]  # given back, to go with that worker's next credit
 
     def give_back() -> None:
         for w, i in list(lent):
             if unshared(bufs[w][i], sent=True):
-                frees[w].put(i)
+                freed[w].append(i)
                 lent.remove((w, i))
 
     try:
@@ -254,10 +284,11 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
         while True:
             w = k % workers
             give_back()
-            msg = pickle.loads(_take(outs[w], procs[w], w))
+            msg = pickle.loads(_receive(conns[w], procs[w], w))
             if msg[0] == "end":
                 return
-            credits[w].release()
+            conns[w].send_bytes(pickle.dumps((1, freed[w])))
+            freed[w] = []
             if msg[0] == "bufs":
                 _, item, new = msg
                 bufs[w].update(new)
@@ -280,6 +311,5 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
             if p.is_alive():
                 p.terminate()
                 p.join(1.0)
-        for q in outs:
-            q.cancel_join_thread()
-            q.close()
+        for c in conns:
+            c.close()

@@ -31,7 +31,7 @@ def unshared(t: torch.Tensor, sent: bool = False) -> bool:
     the pool's list and the call's argument) and no other tensor or autograd record on its storage
     (its use count: ``t`` and the temporary storage object). ``sent``: ``t`` is a shared-memory
     buffer of a prefetch worker (:mod:`zgcore.data.process_workers`), written only when given back."""
-    if t.is_shared() and not sent:  # handed to another process (torch moved it into shared memory to send it): never reused
+    if not sent and t.is_shared():  # handed to another process (torch moved it into shared memory to send it): never reused
         return False
     return sys.getrefcount(t) <= 3 and torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2
 
