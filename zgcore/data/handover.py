@@ -1,5 +1,5 @@
 """What prefetch workers (threads or processes) hand the consumer besides items: a source's error
-carried as a value, and the consumer's wait for a worker that may have died."""
+carried as a value, and the consumer's wait for a worker thread that may have died."""
 from __future__ import annotations
 
 import multiprocessing
@@ -30,8 +30,8 @@ class PrefetchError(RuntimeError):
 
 
 def _take(q, worker, w: int):
-    """The next message of worker ``w`` (a thread or a process) from its queue ``q``; a worker that
-    ended without handing anything over must not hang the consumer.
+    """The next message of worker thread ``w`` from its queue ``q``; a worker that ended without
+    handing anything over must not hang the consumer (worker processes: ``process_workers._receive``).
 
     Raises:
         PrefetchError: the worker is gone and its queue is empty."""
