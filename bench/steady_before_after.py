@@ -2,8 +2,9 @@
 older checkout (``--old``: e.g. ``git worktree add /tmp/old 85a8f70``, store format 4, thread
 workers) reading the store as format 4, and this tree with thread and with process workers, each
 over a direct ``os.preadv`` of the same batches without checks; 3 interleaved rounds, each the best
-of 3 passes of 48 batches (8 random sequences of both boundaries, hidden 2048 bfloat16), timed from
-the first batch (start-up excluded).
+of 3 passes of ``--batches`` batches (8 random sequences of both boundaries, hidden 2048 bfloat16),
+timed from batch ``--warm`` on: start-up (workers started, files opened) and the first touch of
+each batch buffer's pages (paid once per run, in a run of thousands of steps) excluded.
 
     .venv/bin/python bench/steady_before_after.py --old /tmp/old --gb 0.94
 """
@@ -13,6 +14,8 @@ import argparse
 _p = argparse.ArgumentParser(description="steady prefetch rate, an older checkout against this tree")
 _p.add_argument("--old", required=True, help="an older checkout of this repository (its zgcore is imported)")
 _p.add_argument("--gb", type=float, default=0.94, help="GB per boundary file (default 0.94)")
+_p.add_argument("--batches", type=int, default=112, help="batches per pass (default 112; at most a pass over the store)")
+_p.add_argument("--warm", type=int, default=16, help="batches before the clock starts (default 16)")
 ARGS = _p.parse_args()
 NEW, OLD = str(Path(__file__).resolve().parents[1]), ARGS.old
 sys.path.insert(0, NEW)
@@ -27,27 +30,28 @@ sys.path.insert(0, REPO)
 from zgcore.data.boundary_store import BoundaryReader
 from zgcore.data.feed import block_batches
 from zgcore.data.order import data_order
-join, mode, batches = sys.argv[1], sys.argv[2], 48
+join, mode, batches, warm = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 with BoundaryReader(join) as r:
     n = r.n("train"); sh = r.shards["train"][0]
     files = [r._shard_dir(sh) / sh["files"][f"b{b}"]["name"] for b in (0, 1)]
     offs = [sh["files"][f"b{b}"].get("data", [None])[0] for b in (0, 1)]
     seq = int(r.manifest["seq_len"]) * int(r.manifest["hidden_size"]) * 2
     order = data_order(n, 0, 0)[: batches * 8]
-    nbytes = 2 * len(order) * seq
+    nbytes = 2 * batches * 8 * seq
     def pre():
         kw = {} if mode == "old" else {"mode": mode}
         it = iter(block_batches(r, 0, 1, n, 0, 8, 0, batches, 2, workers=2, **kw))
-        next(it)  # start-up (workers started, files opened) excluded: the steady rate
+        for _ in range(warm):  # start-up and first-touch of the batch buffers excluded: the steady rate
+            next(it)
         t0 = time.perf_counter()
         for _ in it:
             pass
         return time.perf_counter() - t0
     pre()
-    print(nbytes * (batches - 1) / batches / min(pre() for _ in range(3)) / 1e9)
+    print(nbytes * (batches - warm) / batches / min(pre() for _ in range(3)) / 1e9)
 '''
 def run(repo, join, mode):
-    out = subprocess.run([sys.executable, "-c", code.replace("REPO", repr(repo)), str(join), mode], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code.replace("REPO", repr(repo)), str(join), mode, str(ARGS.batches), str(ARGS.warm)], capture_output=True, text=True)
     if out.returncode:
         print(out.stderr[-2000:]); raise SystemExit(1)
     return float(out.stdout.split()[-1])
@@ -60,7 +64,7 @@ def direct(join):
         files = [r._shard_dir(sh) / sh["files"][f"b{b}"]["name"] for b in (0, 1)]
         offs = [sh["files"][f"b{b}"]["data"][0] for b in (0, 1)]
         seq = int(r.manifest["seq_len"]) * int(r.manifest["hidden_size"]) * 2
-        order = data_order(n, 0, 0)[: 48 * 8]
+        order = data_order(n, 0, 0)[ARGS.warm * 8: ARGS.batches * 8]
         buf = bytearray(8 * seq); fds = [os.open(f, os.O_RDONLY) for f in files]
         def once():
             t0 = time.perf_counter()

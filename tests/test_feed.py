@@ -280,6 +280,55 @@ def test_worker_processes_survive_sources_that_keep_reuse_or_cannot_send_what_th
         assert not t.is_alive() and len(errors) == 1 and match in errors[0], errors
 
 
+def test_worker_processes_that_die_block_on_a_large_item_or_hand_odd_values_neither_lose_items_nor_hang():
+    """A worker process killed after handing over items (a segfault, the OOM killer): the consumer
+    gets every item it handed over, then the one-line PrefetchError, never a raw pipe error. A
+    worker blocked sending an item larger than the pipe holds is stopped at once when the consumer
+    closes (its source closed, no 2 s wait nor SIGTERM). A consumer keeping only a batch's storage
+    keeps its values; an error carrying a tensor arrives whole."""
+    import os
+
+    from zgcore.data.feed import PrefetchError
+
+    def dies(worker, workers):
+        yield from (torch.full((2,), float(i)) for i in range(3))
+        time.sleep(0.2)  # the consumer's credits arrive, unread
+        os._exit(1)
+
+    got = []
+    with pytest.raises(PrefetchError, match="train.prefetch=0"):
+        for x in prefetch(dies, 2, workers=1, mode="process"):
+            got.append(float(x[0]))
+            time.sleep(0.1)
+    assert got == [0.0, 1.0, 2.0]
+
+    def large(worker, workers):
+        try:
+            for i in range(100):
+                yield i, bytes(300_000)  # by value, more than a pipe's buffer for each item
+        finally:
+            (REPO / "outputs").exists()  # the source's own cleanup runs (nothing to clean here)
+
+    it = prefetch(large, 2, workers=2, mode="process")
+    assert next(it)[0] == 0
+    time.sleep(0.5)  # both workers are blocked in a send
+    t0 = time.perf_counter()
+    it.close()
+    assert time.perf_counter() - t0 < 1.0
+
+    storages = [(i, x.untyped_storage()) for i, x in
+                prefetch(lambda w, n: ((i, torch.full((16,), float(i))) for i in range(30)), 2, mode="process")]
+    assert all(torch.tensor([], dtype=torch.float32).set_(s).eq(i).all() for i, s in storages)
+
+    def fails(worker, workers):
+        yield 0
+        raise ValueError("bad batch", torch.arange(3))
+
+    with pytest.raises(ValueError, match="bad batch") as e:
+        list(prefetch(fails, 2, mode="process"))
+    assert torch.equal(e.value.args[1], torch.arange(3))
+
+
 def test_with_pin_memory_a_thread_copies_each_process_batch_out_of_its_buffer(monkeypatch):
     """On CUDA (``pin_memory``) the batches of worker processes are copied into page-locked memory
     by one thread of the training process, not by the training thread, and the shared buffer goes

@@ -121,14 +121,14 @@ def _error_message(e: BaseException) -> bytes:
     import pickle
 
     try:
-        data = _dumps(("item", _Raised(e)))
-        pickle.loads(data)
-        return data
+        pickle.loads(pickle.dumps(e))  # by value: a trial of torch's reduction would use up a shared tensor's descriptor
+        return _dumps(("item", _Raised(e)))
     except Exception:  # noqa: BLE001 (any failure: the consumer still gets one line naming the error)
         return _dumps(("item", _Raised(RuntimeError(f"{type(e).__name__}: {e}"))))
 
 
-def _process_worker(make_source, w: int, workers: int, ahead: int, slots: int, conn, stop, parent: int) -> None:
+def _process_worker(make_source, w: int, workers: int, ahead: int, slots: int, conn, stop, parent: int,
+                    others=()) -> None:
     """Worker process ``w``: produce ``make_source(w, workers)``'s items on its end ``conn`` of a
     duplex pipe, at most ``ahead`` beyond what the consumer took (the consumer's message for each
     item it takes is a credit, with the numbers of the buffers it gives back), with their tensors in
@@ -136,10 +136,16 @@ def _process_worker(make_source, w: int, workers: int, ahead: int, slots: int, c
     one the item holds twice) is copied in. A buffer is sent once, when first made; afterwards only
     its number travels. A tensor with no buffer free (a consumer keeping old items) is sent as is,
     through torch's shared memory. Ends when ``stop`` is set, the consumer closed its end, or the
-    consumer's process ``parent`` is gone (killed: nothing else would tell it)."""
+    consumer's process ``parent`` is gone (killed: nothing else would tell it). ``others``: every
+    other pipe end this process inherited by ``fork`` (the consumer's end of its own pipe among
+    them), closed first, so that the consumer's closing or death reads here as a broken pipe even
+    in the middle of a send."""
     import os
     import pickle
     import signal
+
+    for c in others:
+        c.close()
 
     def gone() -> bool:
         return stop.is_set() or os.getppid() != parent
@@ -222,7 +228,7 @@ def _receive(conn, proc, w: int) -> bytes:
         if conn.poll(1.0):
             try:
                 return conn.recv_bytes()
-            except EOFError:
+            except (EOFError, OSError):  # closed, or reset by a worker that died with credits unread
                 break
         if not proc.is_alive() and not conn.poll(0):
             break
@@ -255,8 +261,10 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
     slots = ahead + SLOT_SLACK
     pipes = [ctx.Pipe(duplex=True) for _ in range(workers)]
     conns = [mine for mine, _ in pipes]
+    ends = [c for pair in pipes for c in pair]
+    forked = ctx.get_start_method() == "fork"  # a forked worker holds a copy of every end made so far
     procs = [ctx.Process(target=_process_worker, args=(make_source, w, workers, ahead, slots, pipes[w][1], stop,
-                                                       os.getpid()),
+                                                       os.getpid(), [c for c in ends if c is not pipes[w][1]] if forked else []),
                          name=f"zerograph-prefetch-{w}", daemon=True) for w in range(workers)]
     # a worker is born with SIGINT blocked (a pending one is then dropped by its SIG_IGN), so that a
     # Ctrl-C between its fork and its first line cannot print a traceback; this process's own SIGINT
@@ -287,7 +295,10 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
             msg = pickle.loads(_receive(conns[w], procs[w], w))
             if msg[0] == "end":
                 return
-            conns[w].send_bytes(pickle.dumps((1, freed[w])))
+            try:
+                conns[w].send_bytes(pickle.dumps((1, freed[w])))
+            except OSError:
+                pass  # the worker died: this item is whole (its buffers are mapped here); the next receive says so
             freed[w] = []
             if msg[0] == "bufs":
                 _, item, new = msg
@@ -304,6 +315,8 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
             k += 1
     finally:
         stop.set()
+        for c in conns:
+            c.close()  # a worker blocked sending a large item gets a broken pipe, then closes its source
         deadline = time.monotonic() + CLOSE_WAIT_S
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -311,5 +324,3 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
             if p.is_alive():
                 p.terminate()
                 p.join(1.0)
-        for c in conns:
-            c.close()

@@ -29,11 +29,15 @@ def unshared(t: torch.Tensor, sent: bool = False) -> bool:
     """True when only the reader's pool refers to ``t``: it was never sent to another process (its
     storage is not in shared memory), no other Python reference to the tensor (``sys.getrefcount``:
     the pool's list and the call's argument) and no other tensor or autograd record on its storage
-    (its use count: ``t`` and the temporary storage object). ``sent``: ``t`` is a shared-memory
+    (its use count: ``t`` and the temporary storage object), nor to the storage's Python object (its
+    reference count: the local name, the call's argument and torch's own). ``sent``: ``t`` is a shared-memory
     buffer of a prefetch worker (:mod:`zgcore.data.process_workers`), written only when given back."""
     if not sent and t.is_shared():  # handed to another process (torch moved it into shared memory to send it): never reused
         return False
-    return sys.getrefcount(t) <= 3 and torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= 2
+    if sys.getrefcount(t) > 3:
+        return False
+    st = t.untyped_storage()  # the one Python object of the storage: a consumer keeping it holds the memory too
+    return torch._C._storage_Use_Count(st._cdata) <= 2 and sys.getrefcount(st) <= 3
 
 
 def batch_tensor(pool: dict, shape: tuple, dtype: torch.dtype, pin_memory: bool) -> torch.Tensor:
