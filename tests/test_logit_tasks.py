@@ -68,7 +68,7 @@ def test_cached_top_k_heal_is_byte_identical_to_online_and_never_loads_the_teach
     # cached without top_k, or with the hidden-state term, fails before any task with what to set
     from zgcore.checks import ConfigError
 
-    with pytest.raises(ConfigError, match="heal.top_k > 0"):
+    with pytest.raises(ConfigError, match="heal.top_k = 64"):
         heal_task(tmp_path, **{"heal.targets": "cached", "heal.top_k": 0})
     with pytest.raises(ConfigError, match="hidden_weight=0"):
         heal_task(tmp_path, **{"heal.targets": "cached", "heal.hidden_weight": 0.5})

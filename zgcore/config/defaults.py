@@ -15,7 +15,8 @@ HEAL_DEFAULTS: dict[str, Any] = {
     "batch_size": 4,  # sequences per step
     "temperature": 1.0,  # softmax temperature of the logit KD (> 0)
     # 0 = KD on the full vocabulary; k > 0 = KL over the teacher's top k tokens plus one bucket for the rest
-    # (zgcore.training.topk), computed in chunks of positions; online or from the top-k logit store
+    # (zgcore.training.topk), computed in chunks of positions; online or from the top-k logit store (64 measured
+    # as close to the full vocabulary as three seeds can tell on SmolLM2's healing: docs/topk-distillation.md)
     "top_k": 0,
     # "online": the teacher runs each step; "cached": read top_k targets from the logit store (TeacherLogitStore:
     # the teacher's layers are never loaded; needs top_k > 0 and hidden_weight = 0); the same bytes either way

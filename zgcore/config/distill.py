@@ -30,8 +30,9 @@ def validate_distill(h: Mapping[str, Any], where: str = "heal") -> None:
     if h["targets"] not in ("online", "cached"):
         raise ConfigError(f"{where}.targets must be \"online\" or \"cached\", got {h['targets']!r}")
     if h["targets"] == "cached" and not int(h["top_k"]):
-        raise ConfigError(f"{where}.targets=cached reads top-k targets: set {where}.top_k > 0 (e.g. 64); "
-                          "the full vocabulary (top_k = 0) is online only")
+        raise ConfigError(f"{where}.targets=cached reads top-k targets: set {where}.top_k = 64 (the measured "
+                          "choice, docs/topk-distillation.md) or another k > 0; the full vocabulary (top_k = 0) "
+                          "is online only")
     if h["targets"] == "cached" and float(h["hidden_weight"]) > 0:
         raise ConfigError(f"{where}.targets=cached reads only the teacher's logits: set {where}.hidden_weight=0 "
                           f"or {where}.targets=online (the hidden-state term needs the teacher's residual stream)")
