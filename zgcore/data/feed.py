@@ -24,8 +24,9 @@ Measured (``bench/data_feed.py --slowdown-only``, 2026-12-03, quiet 2-core machi
 of hidden 2048 bfloat16, a training-like loop of 32-38 ms steps of small torch ops): reading and
 checking one batch ahead cost the training thread 1.2-3.8% of a step with two worker processes and
 3.5-9.2% with two worker threads (the lower end with the threads kept off the training thread's core,
-``--pin``); ``bench/README.md``. A process's batch costs the consumer a constant ~0.5 ms (a thread's
-small batch ~0.1 ms): with small batches and steps under ~10 ms choose ``"thread"``.
+``--pin``); ``bench/README.md``. A process's batch costs the consumer 0.16-0.35 ms (a pipe read and
+one small message back; a thread's small batch 0.04-0.14 ms, ``bench/handover_cost.py``): with small
+batches and steps under ~5 ms choose ``"thread"``.
 
 Either way an error in a worker (a damaged shard: :class:`~zgcore.data.boundary_store.BoundaryStoreError`)
 is handed over as a value and raised in the consumer with its own type and message, at the batch

@@ -8,7 +8,8 @@ lends (:func:`~zgcore.data.boundary_store.memory.set_allocator`); any other tens
 copied in. A buffer is sent once (its file descriptor, by torch's sharing), then named by number;
 the training process gives it back once nothing refers to it (no Python reference, view or
 tensor saved for backward: :func:`~zgcore.data.boundary_store.memory.unshared`), so an item is
-never overwritten under its consumer.
+never overwritten under its consumer. A batch is lent, not given: one sent on to a third process
+must be sent as a copy (``.clone()``), since nothing here can see that process's references.
 """
 from __future__ import annotations
 
