@@ -302,19 +302,31 @@ def test_worker_processes_that_die_block_on_a_large_item_or_hand_odd_values_neit
             time.sleep(0.1)
     assert got == [0.0, 1.0, 2.0]
 
+    import multiprocessing
+
+    closed = multiprocessing.get_context("fork").Value("i", 0)
+
     def large(worker, workers):
         try:
             for i in range(100):
                 yield i, bytes(300_000)  # by value, more than a pipe's buffer for each item
         finally:
-            (REPO / "outputs").exists()  # the source's own cleanup runs (nothing to clean here)
+            with closed.get_lock():
+                closed.value += 1  # the source's own cleanup runs
 
     it = prefetch(large, 2, workers=2, mode="process")
     assert next(it)[0] == 0
     time.sleep(0.5)  # both workers are blocked in a send
     t0 = time.perf_counter()
     it.close()
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 1.0 and closed.value == 2
+
+    def own_pipe_breaks(worker, workers):  # the source's own pipe error is the source's: raised in the consumer
+        yield 0
+        raise BrokenPipeError("the source's socket")
+
+    with pytest.raises(BrokenPipeError, match="the source's socket"):
+        list(prefetch(own_pipe_breaks, 2, mode="process"))
 
     storages = [(i, x.untyped_storage()) for i, x in
                 prefetch(lambda w, n: ((i, torch.full((16,), float(i))) for i in range(30)), 2, mode="process")]

@@ -42,9 +42,15 @@ def _take(q, worker, w: int):
             return q.get(timeout=1.0)
         except queue.Empty:
             if not worker.is_alive() and q.empty():
-                raise PrefetchError(f"prefetch worker {w} ended without an item, an end or an error; rerun "
-                                    "(training resumes from its last checkpoint) or set train.prefetch=0 "
-                                    "to read synchronously") from None
+                raise worker_gone(w) from None
+
+
+def worker_gone(w: int) -> PrefetchError:
+    """The one-line error for worker ``w`` (a thread or a process) that ended without handing over
+    an item, an end or an error."""
+    return PrefetchError(f"prefetch worker {w} ended without an item, an end or an error; rerun "
+                         "(training resumes from its last checkpoint) or set train.prefetch=0 "
+                         "to read synchronously")
 
 
 def same_kind(item: tuple, values) -> tuple:

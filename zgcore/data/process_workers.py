@@ -19,9 +19,13 @@ from typing import Callable, Iterator, TypeVar
 import torch
 
 from zgcore.data.boundary_store.memory import set_allocator, unshared
-from zgcore.data.handover import CLOSE_WAIT_S, PrefetchError, _context, _Raised, same_kind
+from zgcore.data.handover import CLOSE_WAIT_S, _context, _Raised, same_kind, worker_gone
 
 T = TypeVar("T")
+
+
+class _ConsumerGone(Exception):
+    """In a worker process: its pipe to the consumer is closed or broken (the consumer closed or died)."""
 
 
 class _InBuffer:
@@ -132,7 +136,7 @@ def _process_worker(make_source, w: int, workers: int, ahead: int, slots: int, c
                     others=()) -> None:
     """Worker process ``w``: produce ``make_source(w, workers)``'s items on its end ``conn`` of a
     duplex pipe, at most ``ahead`` beyond what the consumer took (the consumer's message for each
-    item it takes is a credit, with the numbers of the buffers it gives back), with their tensors in
+    item it takes is a credit: the numbers of the buffers it gives back), with their tensors in
     shared-memory buffers: a boundary store's reader reads straight into them, any other tensor (or
     one the item holds twice) is copied in. A buffer is sent once, when first made; afterwards only
     its number travels. A tensor with no buffer free (a consumer keeping old items) is sent as is,
@@ -147,6 +151,18 @@ def _process_worker(make_source, w: int, workers: int, ahead: int, slots: int, c
 
     for c in others:
         c.close()
+
+    def send(data: bytes) -> None:
+        try:
+            conn.send_bytes(data)
+        except OSError as e:
+            raise _ConsumerGone from e
+
+    def receive() -> list[int]:
+        try:
+            return pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError) as e:
+            raise _ConsumerGone from e
 
     def gone() -> bool:
         return stop.is_set() or os.getppid() != parent
@@ -167,9 +183,8 @@ def _process_worker(make_source, w: int, workers: int, ahead: int, slots: int, c
                     if gone():
                         return
                     continue
-                taken, freed = pickle.loads(conn.recv_bytes())
-                credit += taken
-                pool.free.update(freed)
+                pool.free.update(receive())  # one credit, with the buffers given back
+                credit += 1
             if gone():
                 return
             item = t = b = None  # the last item's tensors: no reference left here while buffers are taken
@@ -177,7 +192,7 @@ def _process_worker(make_source, w: int, workers: int, ahead: int, slots: int, c
             try:
                 item = next(source)
             except StopIteration:
-                conn.send_bytes(_dumps(("end",)))
+                send(_dumps(("end",)))
                 break
             credit -= 1
             places, new, used = {}, {}, set()
@@ -195,19 +210,19 @@ def _process_worker(make_source, w: int, workers: int, ahead: int, slots: int, c
             for i in set(pool.taken) - used:  # taken for this item but not lent after all
                 pool.free.add(i)
             if not places:  # nothing lent: the item as it is
-                conn.send_bytes(_dumps(("item", item)))
+                send(_dumps(("item", item)))
                 continue
             for i in places.values():
                 if i not in pool.sent:
                     new[i] = pool.bufs[i]
                     pool.sent.add(i)
-            conn.send_bytes(_dumps(("bufs", _with(item, {pos: _InBuffer(i) for pos, i in places.items()}), new)))
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        return  # the consumer closed its end: nobody to tell
+            send(_dumps(("bufs", _with(item, {pos: _InBuffer(i) for pos, i in places.items()}), new)))
+    except _ConsumerGone:
+        return  # the consumer closed its end: nobody to tell (a source's own pipe error is the source's, below)
     except BaseException as e:  # noqa: BLE001 (raised again, unchanged, in the consumer: never leave it waiting)
         try:
-            conn.send_bytes(_error_message(e))
-        except OSError:
+            send(_error_message(e))
+        except _ConsumerGone:
             return
     finally:
         set_allocator(None)
@@ -233,9 +248,7 @@ def _receive(conn, proc, w: int) -> bytes:
                 break
         if not proc.is_alive() and not conn.poll(0):
             break
-    raise PrefetchError(f"prefetch worker {w} ended without an item, an end or an error; rerun "
-                        "(training resumes from its last checkpoint) or set train.prefetch=0 "
-                        "to read synchronously")
+    raise worker_gone(w)
 
 
 def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, workers: int) -> Iterator[T]:
@@ -297,7 +310,7 @@ def processes(make_source: Callable[[int, int], Iterator[T]], ahead: int, worker
             if msg[0] == "end":
                 return
             try:
-                conns[w].send_bytes(pickle.dumps((1, freed[w])))
+                conns[w].send_bytes(pickle.dumps(freed[w]))  # the worker's credit for this item
             except OSError:
                 pass  # the worker died: this item is whole (its buffers are mapped here); the next receive says so
             freed[w] = []
