@@ -116,6 +116,11 @@ class ZGTask(luigi.Task):
         """Readable prefix of the output folder name."""
         return self.get_task_family().lower()
 
+    def title(self) -> str:
+        """How logs, progress bars, errors and ``zerograph status`` name the task: ``"<Family> <label>"``
+        (e.g. ``"TrainBlock block0-clean-cached-s0"``)."""
+        return f"{self.get_task_family()} {self.label()}"
+
     def numerics(self) -> dict[str, Any]:
         """What changes results besides the configuration: the family's ``code_version`` and, for a
         task that computes on its device, the compute precision there (``float32`` on CPU,
@@ -198,7 +203,7 @@ class ZGTask(luigi.Task):
         problem = self.content_problem(names={name})
         if problem:
             moved = self.move_aside("damaged")
-            raise DamagedOutputError(f"{self.get_task_family()} {self.label()}: {self.out_dir / name}: {problem}; "
+            raise DamagedOutputError(f"{self.title()}: {self.out_dir / name}: {problem}; "
                                      f"moved the output aside to {moved}, the next run rebuilds it")
         return self.out_dir / name
 
@@ -222,7 +227,7 @@ class ZGTask(luigi.Task):
         if problem:
             return "damaged", problem
         for t in self.read_upstream():
-            name = f"{t.get_task_family()} {t.label()}"
+            name = t.title()
             if not t.complete():
                 return "stale", f"its input {name} is not complete and will be rebuilt first"
             if (t.record() or {}).get("build") != rec.get("upstream_builds", {}).get(t.uid):
@@ -310,7 +315,7 @@ class ZGTask(luigi.Task):
 
     def log(self, msg: str) -> None:
         """Print a line prefixed with the task's label (stdout, flushed)."""
-        print(f"[{self.get_task_family()} {self.label()}] {msg}", flush=True)
+        print(f"[{self.title()}] {msg}", flush=True)
 
 
 @ZGTask.event_handler(luigi.Event.START)

@@ -143,7 +143,7 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         with source:
             m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
-                                   name=f"{self.get_task_family()} {self.label()}",
+                                   name=self.title(),
                                    head=(lambda h: head_logits(head, h)) if aux else None, tokens=tokens,
                                    callbacks=self.watchers(self.train.get("tensorboard", True)))
             m["teacher_seconds"] = getattr(source, "teacher_seconds", 0.0)

@@ -98,7 +98,7 @@ class BoundaryShard(_ShardTask):
             r = boundary_store.write_shard(tmp, model, rows, self.split, self.lo, bs, self.boundary["dtype"],
                                            int(self.boundary["batch_size"]), self.cache_extra(rec),
                                            progress=lambda d, n: self.progress(d, n, f"teacher forward {d}/{n} sequences"),
-                                           peak_rss=rss.stop, desc=f"{self.get_task_family()} {self.label()}")
+                                           peak_rss=rss.stop, desc=self.title())
         self.log(f"built {r['hi'] - r['lo']} sequences in {r['build_seconds']:.1f} s")
 
 

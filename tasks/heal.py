@@ -82,7 +82,7 @@ class _DistillTask(Resumable, _StudentTask):
             student, pairs, extra = self.start_student(teacher)
             h = self.settings()
             m = zdistill.distill(student, teacher, tokens, h, int(h["steps"]), int(h["seed"]), self.work_dir, self.uid,
-                                 pairs=pairs, name=f"{self.get_task_family()} {self.label()}", section=self.section,
+                                 pairs=pairs, name=self.title(), section=self.section,
                                  progress=lambda s, n, v: self.progress(s, n, f"step {s}/{n} loss {v[0]:.4f}"),
                                  callbacks=self.watchers(h.get("tensorboard", True)), store=store)
         with self.building() as tmp:

@@ -126,7 +126,7 @@ class PretrainLocal(Resumable, _LocalTask):
         t = {**setup["train"], "log_every": 10, "checkpoint_every": int(self.checkpoint_every)}
         try:
             m = zlocal.train_local(lm, train, t, self.device, progress=report, work=self.work_dir, run_hash=self.uid,
-                                   name=f"{self.get_task_family()} {self.label()}", callbacks=self.watchers(self.tensorboard))
+                                   name=self.title(), callbacks=self.watchers(self.tensorboard))
         except NonFiniteError as e:
             if not is_candidate(setup):
                 raise

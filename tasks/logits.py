@@ -62,7 +62,7 @@ class TeacherLogits(_LogitTask, _ShardTask):
         with self.building() as tmp, autocast(resolve(self.device)):
             r = logit_store.write_logit_shard(tmp, model, rows, self.split, self.lo, k, t, int(self.boundary["batch_size"]),
                                               self.cache_extra(rec), peak_rss=rss.stop,
-                                              desc=f"{self.get_task_family()} {self.label()}",
+                                              desc=self.title(),
                                               progress=lambda d, n: self.progress(d, n, f"teacher top-{k} {d}/{n} sequences"))
         self.log(f"top-{k} targets of {r['hi'] - r['lo']} sequences in {r['build_seconds']:.1f} s")
 

@@ -176,7 +176,7 @@ class SearchesLR:
         sec = self.lr_settings()
         if sec.get("lrs"):
             self.check_tune_rows()
-            s, tasks = yield from run_search(*self._search(), who=f"{self.get_task_family()} {self.label()}",
+            s, tasks = yield from run_search(*self._search(), who=self.title(),
                                              hint=self.search_hint())
             with self.building() as tmp:
                 self.keep_chosen(self.candidate_task(s["best_lr"]), tmp, s, search_record(s, tasks))

@@ -50,7 +50,7 @@ def test_status_words(built, tmp_path):
     assert rows["PrepareTeacher tiny-llama"] == rows["TeacherBoundary boundaries"] == "done"
 
     root = build_experiment(load_config(overrides=CFG, preset=""), str(out))
-    tasks = {f"{t.get_task_family()} {t.label()}": t for t in walk(root)}
+    tasks = {t.title(): t for t in walk(root)}
     block0, block1 = tasks["TrainBlock block0-clean-cached-s0"], tasks["TrainBlock block1-clean-cached-s0"]
     (block0.out_dir / "block.safetensors").write_bytes(b"cut")  # cut short -> damaged
     rec = tasks["Assemble student"].out_dir / "task.json"

@@ -93,10 +93,10 @@ def status(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
     (so a script can check a run that several workers shared); 2 on a configuration error. The
     states are listed below."""
     tasks = walk(_graph(config, set, preset, outputs))
-    width = max(len(f"{t.get_task_family()} {t.label()}") for t in tasks)
+    width = max(len(t.title()) for t in tasks)
     states = [task_state(t) for t in tasks]
     for t, state in zip(tasks, states):
-        name = f"{t.get_task_family()} {t.label()}"
+        name = t.title()
         typer.echo(f"{name:<{width}}  {state:<8} {t.out_dir}")
     if any(s != "done" for s in states):
         typer.echo(f"not all done; run: {run_command(config, set, preset, outputs)}", err=True)

@@ -32,7 +32,7 @@ class OneLineUserErrors(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, USER_ERRORS) and os.environ.get(TRACEBACK_ENV, "") in ("", "0"):
             task = record.args[-1] if isinstance(record.args, tuple) and record.args else None
-            name = f"{task.get_task_family()} {task.label()}" if hasattr(task, "label") else str(task or "task")
+            name = task.title() if hasattr(task, "label") else str(task or "task")
             print(f"error: {name}: {exc} ({TRACEBACK_ENV}=1 shows the traceback)", file=sys.stderr, flush=True)
             return False
         return True

@@ -284,7 +284,7 @@ def _summary(wf, states: dict[str, dict[str, str]], folder: Path) -> int:
         typer.echo("complete: every task is done")
         return 0
     typer.echo(f"not complete: {len(missing)} task(s) missing, e.g. "
-               f"{', '.join(f'{t.get_task_family()} {t.label()}' for t in missing[:4])}; see the job logs above, "
+               f"{', '.join(t.title() for t in missing[:4])}; see the job logs above, "
                "then rerun the launch command (only what is missing runs)", err=True)
     return 1
 

@@ -62,7 +62,7 @@ def task_outputs(tasks: Sequence[ZGTask]) -> list[Item]:
         if not rec or not rec.get("sha256"):
             continue
         size = sum(int(rec["files"].get(name, 0)) for name in rec["sha256"])
-        items.append(Item(f"{t.get_task_family()} {t.label()} {t.out_dir}", size,
+        items.append(Item(f"{t.title()} {t.out_dir}", size,
                           lambda progress, t=t, rec=rec: check_task_output(t, rec, progress)))
     return items
 
