@@ -110,7 +110,7 @@ def test_doc_commands_work_as_written(tmp_path):
             continue
         seen.add(key)
         if "ObjectiveStudy" in cmd or "LocalLearningStudy" in cmd:  # built below; run by test_study / test_local
-            studies.append(cmd[1:])
+            studies.append((extra, cmd[1:]))
             continue
         r = subprocess.run(_argv(cmd), cwd=work, env={**env, **extra}, capture_output=True, text=True, timeout=600)
         # every command exits 0; `zerograph status --set "blocks.1.lr=1e-4"` finds everything done because
@@ -124,10 +124,12 @@ def test_doc_commands_work_as_written(tmp_path):
         ran.append(cmd)
     assert any("report" in c for c in ran) and sum(c[0].endswith("luigi") for c in ran) >= 6
     assert any("DistillStudy" in c for c in ran)
-    code = ("import json, sys, workflows; from luigi.cmdline_parser import CmdlineParser\n"
-            "for argv in json.loads(sys.argv[1]):\n"
+    code = ("import json, os, sys, workflows; from luigi.cmdline_parser import CmdlineParser\n"
+            "base = dict(os.environ)\n"
+            "for extra, argv in json.loads(sys.argv[1]):\n"
+            "    os.environ.clear(); os.environ.update({**base, **extra})  # each command's own VAR=value\n"
             "    with CmdlineParser.global_instance(argv) as cp: t = cp.get_task_obj(); assert t.requires(), argv\n"
             "print('built', len(json.loads(sys.argv[1])))")
     r = subprocess.run([sys.executable, "-c", code, json.dumps(studies)], cwd=work, env=env, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.split() == ["built", str(len(studies))], r.stderr[-3000:]
-    assert len(studies) >= 8 and any("ObjectiveStudy" in s for s in studies)
+    assert len(studies) >= 8 and any("ObjectiveStudy" in argv for _, argv in studies)

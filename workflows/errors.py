@@ -17,7 +17,7 @@ from zgcore.data.boundary_store import BoundaryStoreError
 from zgcore.checks import ConfigError
 from zgcore.data.corpus import TokenStoreError
 from zgcore.data.feed import PrefetchError
-from tasks.base import DamagedOutputError
+from tasks.base import DamagedOutputError, ZGTask
 
 from .experiment import TRACEBACK_ENV
 USER_ERRORS = (ConfigError, BoundaryStoreError, TokenStoreError, DamagedOutputError, PrefetchError)
@@ -32,7 +32,7 @@ class OneLineUserErrors(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, USER_ERRORS) and os.environ.get(TRACEBACK_ENV, "") in ("", "0"):
             task = record.args[-1] if isinstance(record.args, tuple) and record.args else None
-            name = task.title() if hasattr(task, "label") else str(task or "task")
+            name = task.title() if isinstance(task, ZGTask) else str(task or "task")
             print(f"error: {name}: {exc} ({TRACEBACK_ENV}=1 shows the traceback)", file=sys.stderr, flush=True)
             return False
         return True
