@@ -9,8 +9,10 @@ reads the healed student's evaluation (``per_sequence_ce.json``: held-out CE in 
 test sequences and on each ``eval.extra`` text), the ``Heal`` task's ``metrics.json`` (seconds,
 steps, peak resident memory of the task) and, for cached arms, the logit store's record (bytes
 per token, build seconds). Then it compares the arms over the seeds the runs share
-(:func:`zgcore.evaluation.compare.compare_arms`: the training run is the unit, Holm-adjusted over
-the table's comparisons) and prints Markdown. A run that has not finished is named and skipped.
+(:func:`zgcore.evaluation.compare.compare_arms`: trained configurations, the training run is the
+unit, documents resampled where the scores record them, Holm-adjusted over every comparison of the
+table, test and out-of-domain together) and prints Markdown with each arm's healing FLOPs
+(:func:`zgcore.evaluation.flops.heal_flops`). A run that has not finished is named and skipped.
 
 Exit status 0 when every arm of every seed was found, 1 otherwise.
 """
@@ -51,7 +53,7 @@ def find(outputs: str, k: int, seed: int) -> dict | None:
         store = json.loads((st.out_dir / "manifest.json").read_text())
     return {"scores": json.loads((ev[0].out_dir / "per_sequence_ce.json").read_text()),
             "heal": json.loads((heal[0].out_dir / "metrics.json").read_text()), "store": store,
-            "report": json.loads((ev[0].out_dir / "report.json").read_text())}
+            "report": json.loads((ev[0].out_dir / "report.json").read_text()), "batch_size": int(ev[0].heal["batch_size"])}
 
 
 def _find(tree, key: str):
@@ -69,7 +71,8 @@ def _find(tree, key: str):
 
 
 def main(argv=None) -> int:
-    from zgcore.evaluation.compare import compare_arms, markdown
+    from zgcore.evaluation.compare import compare_arms, holm, markdown
+    from zgcore.evaluation.flops import heal_flops
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--outputs", default="outputs")
@@ -88,9 +91,9 @@ def main(argv=None) -> int:
         print(f"not finished (skipped): {', '.join(missing)}", file=sys.stderr)
     name = {k: ("full vocabulary, online" if k == 0 else f"top-{k}, cached") for k in a.ks}
     print("| arm | seed | held-out CE (test) | out-of-domain CE | teacher (test, out-of-domain) | Heal s/step | "
-          "Heal peak RSS (MiB) | store bytes/token |")
-    print("|---|---|---|---|---|---|---|---|")
-    parts = {}
+          "Heal peak RSS (MiB) | store bytes/token | healing FLOPs |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    parts, docs = {}, {}
     for (k, s), r in sorted(runs.items()):
         val = r["scores"]["val"]
         key = "student" if "student" in val["ce"] else sorted(val["ce"])[-1]
@@ -102,17 +105,25 @@ def main(argv=None) -> int:
         bpt = f"{found:.1f}" if found is not None else ""
         teacher = [float(np.mean(val["ce"]["teacher"]))] + [float(np.mean(v["ce"]["teacher"]))
                                                            for v in r["scores"].get("extra", {}).values()]
+        par, st = r["report"].get("parameters"), r["store"]
+        fl = heal_flops(int(r["report"]["seq_len"]), par["teacher"], par["student"], int(h["steps"]),
+                        r["batch_size"], (int(st["n_train"]) + int(st["n_val"])) if st else None) if par else None
         print(f"| {name[k]} | {s} | {ce:.4f} | {', '.join(f'{v:.4f}' for v in extra.values())} | "
               f"{', '.join(f'{v:.4f}' for v in teacher)} | {sps:.2f} | "
-              f"{h.get('peak_rss_mib', float('nan')):.0f} | {bpt} |")
+              f"{h.get('peak_rss_mib', float('nan')):.0f} | {bpt} | {f'{fl['total']:.3e}' if fl else ''} |")
         parts.setdefault("test", {}).setdefault(name[k], {})[s] = np.asarray(val["ce"][key])
+        docs["test"] = val.get("documents")
         for n, v in r["scores"].get("extra", {}).items():
             parts.setdefault(n, {}).setdefault(name[k], {})[s] = np.asarray(v["ce"][key])
+            docs[n] = v.get("documents")
     pairs = [(name[k], name[0]) for k in a.ks if k] + [(name[a.ks[i]], name[a.ks[j]]) for i in range(1, len(a.ks))
                                                        for j in range(i + 1, len(a.ks))]
-    for part, arms in parts.items():
-        print(f"\n**{part}** (unit: the training run; Holm over this table's comparisons)\n")
-        print(markdown(compare_arms(pairs, arms)))
+    tables = {part: compare_arms(pairs, arms, groups=docs.get(part)) for part, arms in parts.items()}
+    holm([c for cs in tables.values() for c in cs])  # in place: one family, every comparison of the table
+    for part, cs in tables.items():
+        print(f"\n**{part}** (unit: the training run; Holm over all {sum(map(len, tables.values()))} comparisons "
+              "of this table)\n")
+        print(markdown(cs))
     return 1 if missing else 0
 
 

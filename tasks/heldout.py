@@ -21,9 +21,10 @@ TOKENS = "tokens.npy"  # int32 [n, seq_len]
 class PrepareHeldOut(_TeacherTask):
     """Tokenise one ``eval.extra`` corpus (:func:`zgcore.evaluation.heldout_score.tokenize_extra`) into rows of
     ``seq_len`` tokens, every row held out: ``tokens.npy`` (int32 ``[n, seq_len]``) and
-    ``meta.json`` (name, source, documents, characters, tokens, rows, fingerprint)."""
+    ``meta.json`` (name, source, documents, characters, tokens, rows, fingerprint, row_documents)."""
 
     uses_device = False  # tokenises only
+    code_version = 2  # 2: meta.json records each row's document id (row_documents), so comparisons resample documents
 
     extra = luigi.DictParameter(visibility=HIDDEN, description="one normalised eval.extra entry")
     seq_len = luigi.IntParameter(description="tokens per row (the experiment's corpus.seq_len)")

@@ -149,7 +149,8 @@ class SelectBudget(ZGTask):
         return {"budget": float(self.budget), "unit": self.unit}
 
     def label(self):
-        return f"select-{self.unit}{self.budget:.4g}"
+        b = float(self.budget)
+        return f"select-{self.unit}{int(round(b)) if b >= 1 else format(b, 'g')}"  # never scientific notation
 
     def run(self):
         cands = [[read_candidate(t) for t in part] for part in self.requires()]
@@ -195,6 +196,7 @@ class ScoreStudent(_StudentTask):
     (:func:`zgcore.evaluation.metrics.eval_subset`) and on every ``eval.extra`` corpus: ``ce.json``
     ``{"ce", "extra": {name: ce}, "params", "model"}`` and per-sequence scores (``SCORES``)."""
 
+    code_version = 2  # 2: each scored row's document id beside its CE, so the report's comparisons resample documents
     eval = luigi.DictParameter(visibility=HIDDEN)
 
     def requires(self):
@@ -233,5 +235,6 @@ class ScoreStudent(_StudentTask):
             write_json(tmp / "ce.json", {"ce": ce, "extra": {e["name"]: e["cross_entropy"]["student"] for e in extra},
                                          "sequences": len(rows), "params": assembled["non_embedding_params"],
                                          "heterogeneous": assembled["heterogeneous"], "model": str(folder)})
-            save_scores(tmp / SCORES, scores_part(per_seq, rows), extra_scores)
+            docs = corpus.read_documents(req["corpus"].out_dir / "tokens.h5", "val")
+            save_scores(tmp / SCORES, scores_part(per_seq, rows, None if docs is None else docs[rows]), extra_scores)
         self.log(f"held-out CE {ce:.4f} nats/token")

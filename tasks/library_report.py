@@ -12,6 +12,7 @@ import luigi
 from zgcore.atomic import write_json, write_text
 from zgcore.evaluation import library_report as zlib
 from zgcore.evaluation.compare import SCORES, load_scores
+from zgcore.evaluation.report import random_teacher_note
 
 from .base import HIDDEN, ZGTask
 from .library import ScoreCandidate, ScoreStudent, SelectBudget, read_candidate
@@ -26,6 +27,9 @@ class LibraryReport(ZGTask):
     (absolute, with what the user wrote) and their unit, and the teacher's cost."""
 
     uses_device = False
+    # 2: comparisons as trained configurations (one seed: not resolved), documents resampled, Holm over the report,
+    #    FLOPs/token per arm, the random-teacher banner; budgets never in scientific notation
+    code_version = 2
     teacher = luigi.Parameter()
     corpus = luigi.DictParameter(visibility=HIDDEN)
     boundary = luigi.DictParameter(visibility=HIDDEN)
@@ -112,9 +116,11 @@ class LibraryReport(ZGTask):
             uniform.append({"name": u["name"], "indices": list(u["indices"]), "params": ce["params"], "cost": cost,
                             "ce": ce["ce"], "extra": ce["extra"], "model": ce["model"]})
         seed = int(self.candidates[0][0]["train"]["seed"])
+        note = random_teacher_note(self.teacher)  # a random teacher: the banner, and no verdict
         report = {"name": self.name, "teacher": self.teacher, "seq_len": int(self.corpus["seq_len"]), "budget_unit": self.unit,
                   "teacher_cost": dict(self.teacher_cost), "candidates": table, "selections": selections,
-                  "uniform": uniform, "comparisons": zlib.comparisons(selections, uniform, self.unit, scores, seed)}
+                  "uniform": uniform, "teacher_note": note, "descriptive": note is not None,
+                  "comparisons": zlib.comparisons(selections, uniform, self.unit, scores, seed, plumbing=note is not None)}
         with self.building() as tmp:
             write_json(tmp / "report.json", report)
             write_text(tmp / "report.md", zlib.markdown(report))

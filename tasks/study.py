@@ -24,7 +24,8 @@ class _ManyEvaluations(ZGTask):
     # 2: comparisons (paired bootstrap over held-out sequences, pooled over seeds) from Evaluate's per_sequence_ce.json
     # 3: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
     # 4: method comparisons over training runs (fewer than 3: not resolved; Holm-adjusted); a random teacher: descriptive
-    code_version = 4
+    # 5: the crossed run-level estimate, the document minimum, Holm-level intervals; training FLOPs per arm; gates undefined alike
+    code_version = 5
     uses_device = False  # reads the Evaluate reports only
     teacher = luigi.Parameter()
     corpus = luigi.DictParameter(visibility=HIDDEN)
@@ -74,7 +75,13 @@ class ObjectiveStudyReport(_ManyEvaluations):
     def requires(self):
         evals = [self.evaluate(a["blocks"]) for a in self.arms]
         # each arm's block weights are compared byte for byte here
-        return {"evaluations": evals, "blocks": [e.block_tasks() for e in evals]}
+        req = {"evaluations": evals, "blocks": [e.block_tasks() for e in evals]}
+        if any(b["targets"] == "cached" for a in self.arms for b in a["blocks"]):  # its manifest: the cache build's FLOPs
+            from .cache import TeacherBoundary
+
+            req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
+                                           outputs=self.outputs, device=self.device)
+        return req
 
     def label(self):
         return "objective-study"
@@ -83,9 +90,12 @@ class ObjectiveStudyReport(_ManyEvaluations):
         seeds = {a["seed"] for a in self.arms}
         req = self.requires()
         arms = []
+        manifest = json.loads((req["cache"].out_dir / "manifest.json").read_text()) if "cache" in req else None
+        n_cache = int(manifest["n_train"]) + int(manifest["n_val"]) if manifest else None
         for a, ev, blocks in zip(self.arms, req["evaluations"], req["blocks"]):
+            rep = json.loads((ev.out_dir / "report.json").read_text())
             arms.append({"objective": a["objective"], "targets": a["targets"], "seed": a["seed"], "multi_seed": len(seeds) > 1,
-                         "report": json.loads((ev.out_dir / "report.json").read_text()),
+                         "report": rep, "flops": study.blockwise_flops(rep, [int(b["batch_size"]) for b in a["blocks"]], n_cache),
                          "scores": student_scores(ev)["student"], "subset": student_scores(ev)["subset_sha256"],
                          "documents": student_scores(ev)["documents"],
                          "block_files": [b.out_dir / "block.safetensors" for b in blocks]})

@@ -39,16 +39,19 @@ def read_texts(corpus: Mapping[str, Any]) -> list[tuple[str, str]]:
     return docs
 
 
-def tokenize(docs: list[tuple[str, str]], tokenizer, seq_len: int, max_tokens: int = 0) -> np.ndarray:
+def tokenize(docs: list[tuple[str, str]], tokenizer, seq_len: int, max_tokens: int = 0, with_documents: bool = False):
     """Concatenate documents (each followed by the EOS token) and cut ``[n, seq_len]`` int32 rows.
 
     The tail that does not fill a row is dropped; ``max_tokens > 0`` truncates the stream first.
+    With ``with_documents``, returns ``(rows, documents)``: also each row's document id (``[n]``
+    int64, the document the row begins in, 0-based in ``docs`` order).
     """
     rows = _Rows(None, seq_len, max_tokens)
     for _, text in docs:
         if not rows.add(tokenizer, text, True):
             break
-    return rows.flush(final=True)
+    out = rows.flush(final=True)
+    return (out, rows.row_documents()) if with_documents else out
 
 
 class _Rows:

@@ -109,18 +109,26 @@ def json_key(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True)
 
 
-def verdict_gates(arms: Sequence[dict[str, Any]], scores: Mapping[str, Any], untrained: Any, seed: int) -> None:
+def verdict_gates(arms: Sequence[dict[str, Any]], scores: Mapping[str, Any], untrained: Any, seed: int,
+                  groups: Any = None, descriptive: bool = False) -> None:
     """Make each arm's quality gate need the verdict, as :func:`zgcore.evaluation.report.gates` does for an
     experiment: the arm's student must be shown better than the untrained student by a paired
-    comparison (:func:`zgcore.evaluation.compare.compare`, ``"a better"``). Adds ``vs_untrained`` to each arm
-    of ``scores`` (arm name -> per-sequence CE ``[n]``) and fails a passed quality gate without that
-    verdict (in place). ``untrained``: the untrained student's per-sequence CE on the same sequences."""
-    from zgcore.evaluation.compare import A_BETTER, compare
+    comparison of the two fixed models (:func:`zgcore.evaluation.compare.compare_arms`, ``"a better"``;
+    documents resampled where ``groups``, each sequence's document id, is given). Adds
+    ``vs_untrained`` to each arm of ``scores`` (arm name -> per-sequence CE ``[n]``) and fails a
+    passed quality gate without that verdict (in place). ``untrained``: the untrained student's
+    per-sequence CE on the same sequences. ``descriptive``: a plumbing check (random teacher), whose
+    comparisons never have a verdict."""
+    from zgcore.evaluation.compare import A_BETTER, compare_arms, descriptive as describe_only
 
     for a in arms:
         if a["name"] not in scores:
             continue
-        vs = compare(a["name"], "untrained student", [scores[a["name"]]], [untrained], [seed])
+        (vs,) = compare_arms([(a["name"], "untrained student")], {a["name"]: {seed: scores[a["name"]]},
+                                                                 "untrained student": {seed: untrained}},
+                             groups=groups, methods=False)
+        if descriptive:
+            describe_only([vs])
         a["vs_untrained"] = vs
         q = a["gates"]["quality"]
         if q["passed"] and vs["verdict"] != A_BETTER:
@@ -207,7 +215,7 @@ def markdown(report: Mapping[str, Any]) -> str:
               "own search's chosen candidate, so its run-level luck helped choose it: a selection bias a study over "
               "seeds measures against the other seeds):\n\n"
               + "\n".join(searched)) if searched else ""
-    return (f"# Distillation study: {report['name']}\n\n" + banner(report) + "Teacher `{report['teacher']}`; held-out CE (nats/token) of the "
+    return (f"# Distillation study: {report['name']}\n\n" + banner(report) + f"Teacher `{report['teacher']}`; held-out CE (nats/token) of the "
             f"teacher {num(report['ce_teacher'])}, of the untrained student {num(report['ce_untrained'])} "
             f"({report['student_layers']} of the teacher's layers); {report['val_tokens']:,} held-out tokens.\n\n"
             + table(head, rows) + "\n\n" + MATCHING + " " + FLOPS_NOTE + f" Here: {report['e2e_steps']} end-to-end steps of "

@@ -103,3 +103,22 @@ def add_flops(arms: Sequence[dict[str, Any]], seq_len: int, blockwise: Mapping[s
         arm["flops"] = arm_flops(name, seq_len, par["teacher"], par["student"], blockwise["blocks"], batch_sizes,
                                  e2e=as_dict.get(name) if name.startswith("e2e") else None, heal=as_dict.get("healed"),
                                  cache_sequences=n_cache)
+
+
+def heal_flops(seq_len: int, teacher: Mapping[str, Any], student: Mapping[str, Any], steps: int, batch_size: int,
+               store_sequences: int | None = None) -> dict[str, Any]:
+    """Training FLOPs of healing alone (end-to-end logit distillation of an assembled student):
+    the student's forward and backward through every layer and its LM head at every step; the
+    teacher's whole forward and LM head at every step (``store_sequences`` None: online targets) or
+    once per stored sequence (a top-k logit store of ``store_sequences`` sequences, built once).
+    Same counting as :func:`arm_flops`. Returns ``{"student", "teacher", "total", "teacher_mode"}``."""
+    T = int(seq_len)
+    t_full = layers_forward(teacher["layers"], T, teacher["width"]) + 2 * teacher["head"]
+    s_full = layers_forward(student["layers"], T, student["width"]) + 2 * student["head"]
+    tokens = int(steps) * int(batch_size) * T
+    stu = 3 * tokens * s_full
+    if store_sequences is None:
+        tea, mode = tokens * t_full, "online forwards of the whole teacher and its LM head"
+    else:
+        tea, mode = int(store_sequences) * T * t_full, "top-k logit store build (whole, once)"
+    return {"student": int(stu), "teacher": int(tea), "total": int(stu + tea), "teacher_mode": mode}

@@ -17,7 +17,8 @@ def tokenize_extra(spec: Mapping[str, Any], tokenizer, seq_len: int) -> tuple[np
 
     Returns:
         ``(rows, meta)``: int32 ``[n, seq_len]`` token ids and ``{"name", "source", "documents",
-        "characters", "tokens", "rows", "seq_len", "fingerprint"}`` (SHA-256 of the rows as int32).
+        "characters", "tokens", "rows", "seq_len", "fingerprint"`` (SHA-256 of the rows as int32),
+        ``"row_documents"`` (each row's document id, so comparisons resample whole documents)``}``.
 
     Raises:
         ConfigError: unreadable text, or fewer than two full rows (a paired bootstrap needs two sequences).
@@ -25,14 +26,15 @@ def tokenize_extra(spec: Mapping[str, Any], tokenizer, seq_len: int) -> tuple[np
     from zgcore.data.corpus import read_texts, tokenize
 
     docs = read_texts({"source": spec["source"], "text_field": spec["text_field"]})
-    rows = tokenize(docs, tokenizer, int(seq_len), int(spec["max_tokens"]))
+    rows, row_docs = tokenize(docs, tokenizer, int(seq_len), int(spec["max_tokens"]), with_documents=True)
     if len(rows) < 2:
         raise ConfigError(f"eval.extra {spec['name']!r} gives {len(rows)} sequence(s) of {seq_len} tokens; it needs at "
                           "least 2: add text or raise max_tokens")
     rows = np.ascontiguousarray(rows, dtype=np.int32)
     meta = {"name": spec["name"], "source": spec["source"], "documents": len(docs),
             "characters": sum(len(t) for _, t in docs), "tokens": int(rows.size), "rows": int(len(rows)),
-            "seq_len": int(seq_len), "fingerprint": hashlib.sha256(rows.astype("<i4").tobytes()).hexdigest()}
+            "seq_len": int(seq_len), "fingerprint": hashlib.sha256(rows.astype("<i4").tobytes()).hexdigest(),
+            "row_documents": [int(x) for x in row_docs[: len(rows)]]}
     return rows, meta
 
 
@@ -60,7 +62,8 @@ def score(corpora: list[tuple[Mapping[str, Any], np.ndarray]], models, eval_cfg:
         rows = all_rows[idx]
         per_seq = {k: sequence_cross_entropy(m, rows, int(eval_cfg["batch_size"]), desc=f"CE {k} on {meta['name']}")
                    for k, m in models}
-        part = scores_part(per_seq, idx)
+        docs = meta.get("row_documents")  # absent from a store written before documents were recorded
+        part = scores_part(per_seq, idx, None if docs is None else np.asarray(docs, dtype=np.int64)[idx])
         parts[meta["name"]] = part
         entries.append({"name": meta["name"], "source": meta["source"], "sequences": int(len(idx)),
                         "of": int(len(all_rows)), "tokens": int(rows.size), "subset_sha256": part["subset_sha256"],

@@ -74,7 +74,8 @@ def gap_recovered(ce_untrained: float, ce_student: float, ce_teacher: float,
 def gates(report: Mapping[str, Any], gap_threshold: float = 0.8, context_threshold: float = 0.8) -> dict[str, Any]:
     """Pass/fail quality gates, each with its threshold, measured value and (on failure) why.
 
-    * ``quality``: the gap is defined (:func:`gap_recovered`), the assembled student is better than
+    * ``quality``: **undefined** (``"passed": None``) when the gap is undefined (:func:`gap_recovered`),
+      else PASS when the assembled student is better than
       the untrained one (when ``report["comparisons"]`` has ``student`` vs ``untrained``: its
       verdict is ``"a better"``, :mod:`zgcore.evaluation.compare`), and it recovers at least ``gap_threshold`` of the gap.
     * ``context``: the student's context use is finite, positive and at least ``context_threshold``
@@ -89,8 +90,8 @@ def gates(report: Mapping[str, Any], gap_threshold: float = 0.8, context_thresho
     g, ce = report["gap_recovered"], report["cross_entropy"]
     reason = report.get("gap_reason")
     vs = next((c for c in report.get("comparisons") or [] if (c["a"], c["b"]) == ("student", "untrained")), None)
-    if g is None:
-        passed, reason = False, f"gap undefined: {reason}"
+    if g is None:  # like the context gate: a gate that cannot be judged is neither PASS nor FAIL
+        passed, reason = None, f"undefined: {reason}"
     elif vs is not None and vs["verdict"] != "a better":
         from zgcore.evaluation.compare import sentence
 
@@ -201,14 +202,18 @@ def model_comparisons(scores: Mapping[str, Any], seed: int, extra: Mapping[str, 
         seed: the experiment's training seed. extra: ``{name: part}`` as :func:`zgcore.evaluation.compare.scores_part`.
         documents: ``[n]`` document id of each held-out row (resampled as units), or None.
 
-    Every entry compares two fixed models (``"unit": "sequence"``).
+    Every entry compares two fixed models (``"unit": "sequence"``, :func:`zgcore.evaluation.compare.compare_arms`),
+    resampling documents where the held-out text records them (``documents``; an extra corpus's part
+    its ``"documents"``), else saying its sequences were treated as independent.
     """
-    from zgcore.evaluation.compare import compare
+    from zgcore.evaluation.compare import compare_arms
 
-    out = [compare("student", k, [scores["student"]], [scores[k]], [seed], groups=documents) for k in ("untrained", "teacher")]
+    pairs = [("student", "untrained"), ("student", "teacher")]
+    out = compare_arms(pairs, {k: {seed: np.asarray(v, dtype=np.float64)} for k, v in scores.items()}, groups=documents,
+                       methods=False)
     for name, part in (extra or {}).items():
-        ce = {k: np.asarray(v, dtype=np.float64) for k, v in part["ce"].items()}
-        out += [{**compare("student", k, [ce["student"]], [ce[k]], [seed]), "held_out": name} for k in ("untrained", "teacher")]
+        ce = {k: {seed: np.asarray(v, dtype=np.float64)} for k, v in part["ce"].items()}
+        out += [{**c, "held_out": name} for c in compare_arms(pairs, ce, groups=part.get("documents"), methods=False)]
     return out
 
 
@@ -233,6 +238,10 @@ def experiment_report(measured: Mapping[str, Any], eval_cfg: Mapping[str, Any]) 
     rep = {**measured, "extra": extra, "perplexity": {k: math.exp(v) if _finite(v) and v < 700 else None for k, v in ce.items()},
            "gap_recovered": share, "gap_reason": reason, "gap_margin": GAP_MARGIN,
            "teacher_note": random_teacher_note(measured["teacher"])}
+    if rep["teacher_note"] and rep.get("comparisons"):  # a random teacher: a plumbing check, never a verdict
+        from zgcore.evaluation.compare import descriptive
+
+        rep["comparisons"] = descriptive([dict(c) for c in rep["comparisons"]])
     rep["gates"] = gates(rep, float(eval_cfg["gate_gap"]), float(eval_cfg["gate_context"]))
     return rep
 

@@ -58,7 +58,12 @@ def seed_summary(reports: Sequence[dict[str, Any]], seeds: Sequence[int],
             descriptive(comparisons)
     return {"seeds": list(seeds), "rows": rows, "aggregate": agg, "undefined": undefined, "comparisons": comparisons,
             "teacher_note": reports[0].get("teacher_note") if reports else None,
-            "all_gates_passed": all(r["gates"] and all(v is not False for v in r["gates"].values()) for r in rows)}
+            "all_gates_passed": _all_passed([v for r in rows for v in (r["gates"] or {None: None}).values()])}
+
+
+def _all_passed(results: Sequence[bool | None]) -> bool | None:
+    """False if any gate failed, else None (undefined) if any could not be judged, else True."""
+    return False if any(v is False for v in results) else None if any(v is None for v in results) else True
 
 
 def seed_markdown(summary: dict[str, Any], name: str) -> str:
@@ -98,6 +103,20 @@ def _reduction(first: float | None, final: float | None) -> float | None:
     return None if first is None or final is None or first == 0 else 1 - final / first
 
 
+def blockwise_flops(report: Mapping[str, Any], batch_sizes: Sequence[int], cache_sequences: int | None) -> dict[str, Any] | None:
+    """Training FLOPs of one blockwise arm (:func:`zgcore.evaluation.flops.arm_flops`, the one
+    counting every study uses) from its Evaluate report (``parameters``, ``blocks``, ``seq_len``);
+    ``batch_sizes``: each block's; ``cache_sequences``: the teacher cache's train + val sequences
+    (None: online targets). None for a report without ``parameters``."""
+    from zgcore.evaluation.flops import arm_flops
+
+    par = report.get("parameters")
+    if not par:
+        return None
+    return arm_flops("blockwise", int(report["seq_len"]), par["teacher"], par["student"], report["blocks"], batch_sizes,
+                     cache_sequences=cache_sequences)
+
+
 def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Compare study arms.
 
@@ -126,7 +145,7 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
                      "ce_untrained": r["cross_entropy"]["untrained"], "gap_recovered": r["gap_recovered"],
                      "gap_reason": r.get("gap_reason"), "teacher_note": r.get("teacher_note"),
                      "context_use": cu, "gates": {k: v["passed"] for k, v in r.get("gates", {}).items()},
-                     "seconds": sum(b["seconds"] for b in blocks)})
+                     "seconds": sum(b["seconds"] for b in blocks), "flops": a.get("flops")})
     by_key: dict[tuple, dict[str, list]] = {}
     for a in arms:
         by_key.setdefault((a["objective"], a["seed"]), {})[a["targets"]] = a["block_files"]
@@ -155,11 +174,14 @@ def study_markdown(study: dict[str, Any]) -> str:
         lines += [f"**{DESCRIPTIVE}.** **{note}**", ""]
     rows = [[r["arm"], ", ".join(num(x) for x in r["local_final"]), ", ".join(num(x, ".2%") for x in r["local_reduction"]),
              num(r["ce_student"]), gap_text(r["gap_recovered"]), num(r["context_use"], "+.4f"),
-             gate_text({k: {"passed": v} for k, v in r["gates"].items()}), num(r["seconds"], ".0f")] for r in study["rows"]]
+             gate_text({k: {"passed": v} for k, v in r["gates"].items()}), num(r["seconds"], ".0f"),
+             num((r.get("flops") or {}).get("total"), ".3e")] for r in study["rows"]]
     lines += ["Arms: block objective x target source, same teacher, corpus, seeds and teacher cache. "
               "Local objective = each block's own training loss (final value, and its reduction from step 1).", "",
               table(["arm", "local loss per block (final)", "local reduction", "held-out CE", "gap recovered", "context use",
-                     "gates", "train s"], rows)]
+                     "gates", "train s", "training FLOPs"], rows), "",
+              "Training FLOPs: student forward and backward of every block, plus the teacher's forwards (the whole "
+              "cache build for cached arms, each step's forward for online ones); zgcore.evaluation.flops."]
     if study["rows"]:
         r0 = study["rows"][0]
         lines += ["", f"Teacher held-out CE {num(r0['ce_teacher'])}; untrained student {num(r0['ce_untrained'])} nats/token."]
