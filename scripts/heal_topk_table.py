@@ -110,7 +110,7 @@ def main(argv=None) -> int:
                         r["batch_size"], (int(st["n_train"]) + int(st["n_val"])) if st else None) if par else None
         print(f"| {name[k]} | {s} | {ce:.4f} | {', '.join(f'{v:.4f}' for v in extra.values())} | "
               f"{', '.join(f'{v:.4f}' for v in teacher)} | {sps:.2f} | "
-              f"{h.get('peak_rss_mib', float('nan')):.0f} | {bpt} | {f'{fl['total']:.3e}' if fl else ''} |")
+              f"{h.get('peak_rss_mib', float('nan')):.0f} | {bpt} | {format(fl['total'], '.3e') if fl else ''} |")
         parts.setdefault("test", {}).setdefault(name[k], {})[s] = np.asarray(val["ce"][key])
         docs["test"] = val.get("documents")
         for n, v in r["scores"].get("extra", {}).items():
