@@ -1,0 +1,130 @@
+"""The report contract, over every report of every tiny preset: each tiny preset
+(``workflows/presets/*_tiny.toml`` and ``tiny.toml``, discovered) runs once into one shared outputs
+folder, and every ``report.json`` and ``report.md`` it wrote is checked by name:
+
+* ``verdict_on_smoke``: a smoke preset (a random teacher) gives no verdict;
+* ``verdict_from_few_runs``: no trained-configuration comparison (unit ``run``) has a verdict from fewer than 3 runs;
+* ``documents``: every comparison carries its ``documents`` count, or ``independent`` (the corpus had none);
+* ``flops``: every arm of a study (distillation arms, objective-study and local-learning rows, the
+  library's selected and uniform students) carries its FLOPs;
+* ``placeholder``: no template placeholder (``{name}``, ``{x['k']}``) is left in a rendered report.md.
+
+A deliberately broken dummy report shows each rule failing by name.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from zgcore.evaluation.compare import MIN_RUNS, NOT_RESOLVED
+
+PRESETS = Path(__file__).resolve().parents[1] / "workflows" / "presets"
+PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*(\[[^\]\n]*\]|\.[A-Za-z_]+)*(![rs])?(:[^{}\n]*)?\}")
+ARM_LISTS = ("arms", "rows", "selections", "uniform")  # report keys whose entries are a study's arms
+
+
+def tiny_presets() -> list[str]:
+    """Every smoke preset: ``tiny`` and ``*_tiny``."""
+    return sorted(p.stem for p in PRESETS.glob("*.toml") if p.stem == "tiny" or p.stem.endswith("_tiny"))
+
+
+def workflow_for(preset: str):
+    """The workflow class that runs ``preset``: the workflow whose own default preset shares its
+    family name (``local_tiny`` -> ``local_default``'s, ``library_tiny`` -> ``library``'s), the
+    distillation study for ``distill*`` (its default preset is the experiment's), else the
+    experiment."""
+    import workflows
+
+    family = preset.removesuffix("_tiny").split("_")[0]
+    if family == "distill":
+        return workflows.DistillStudy
+    for cls in (workflows.LocalLearningStudy, workflows.SelectStudent, workflows.ObjectiveStudy):
+        if cls.preset._default.split("_")[0] == family:
+            return cls
+    return workflows.RunExperiment
+
+
+def comparisons(tree, path="$"):
+    """Every comparison dict (``a``, ``b`` and ``verdict``) in a report's JSON, with where it sits."""
+    if isinstance(tree, dict):
+        if {"a", "b", "verdict"} <= set(tree):
+            yield path, tree
+        for k, v in tree.items():
+            yield from comparisons(v, f"{path}.{k}")
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from comparisons(v, f"{path}[{i}]")
+
+
+def arms(report: dict):
+    """``(where, entry)`` for every arm of a study report: the entries of :data:`ARM_LISTS` lists
+    that name an arm (``name``, ``arm`` or ``budget``)."""
+    for key in ARM_LISTS:
+        for i, e in enumerate(report.get(key) or [] if isinstance(report.get(key), list) else []):
+            if isinstance(e, dict) and {"name", "arm", "budget"} & set(e):
+                yield f"$.{key}[{i}]", e
+
+
+def violations(report: dict, markdown: str | None, smoke: bool) -> list[str]:
+    """Each broken rule as ``"<rule>: <where>"`` (empty: the report keeps the contract)."""
+    out = []
+    for where, c in comparisons(report):
+        if smoke and c["verdict"] != NOT_RESOLVED:
+            out.append(f"verdict_on_smoke: {where} says {c['verdict']!r}")
+        if c.get("unit") == "run" and c.get("runs", len(c.get("seeds", []))) < MIN_RUNS and c["verdict"] != NOT_RESOLVED:
+            out.append(f"verdict_from_few_runs: {where} ({c.get('runs')} runs) says {c['verdict']!r}")
+        if not isinstance(c.get("documents"), int) and c.get("independent") is not True:
+            out.append(f"documents: {where} has no documents count and no 'independent' flag")
+    for where, a in arms(report):
+        if a.get("flops") is None and (a.get("cost") or {}).get("flops") is None:
+            out.append(f"flops: {where} has no FLOPs")
+    if markdown is not None:
+        for m in PLACEHOLDER.finditer(markdown):
+            out.append(f"placeholder: report.md has {m.group(0)!r}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_outputs(tmp_path_factory):
+    """Run every tiny preset once, into one outputs folder (they share the teacher and corpus)."""
+    import luigi
+
+    out = tmp_path_factory.mktemp("tiny_outputs")
+    ran = {}
+    for p in tiny_presets():
+        wf = workflow_for(p)(preset=p, outputs=str(out))
+        ran[p] = luigi.build([wf], local_scheduler=True, workers=1, log_level="WARNING")
+    return out, ran
+
+
+def test_every_tiny_preset_is_found_and_runs(tiny_outputs):
+    out, ran = tiny_outputs
+    assert {"tiny", "local_tiny", "distill_tiny", "library_tiny", "heal_topk_tiny"} <= set(ran)
+    assert all(ran.values()), ran
+
+
+def test_every_report_of_every_tiny_preset_keeps_the_contract(tiny_outputs):
+    out, _ = tiny_outputs
+    reports = sorted(p for p in out.rglob("report.json") if ".partial" not in str(p))
+    kinds = {p.parent.parent.name for p in reports}
+    assert {"Evaluate", "DistillStudyReport", "LibraryReport", "LocalStudyReport"} <= kinds, kinds
+    bad, n_comp = [], 0
+    for p in reports:
+        rep = json.loads(p.read_text())
+        md = p.with_name("report.md")
+        bad += [f"{p.relative_to(out)}: {v}" for v in violations(rep, md.read_text() if md.is_file() else None, smoke=True)]
+        n_comp += sum(1 for _ in comparisons(rep))
+    assert n_comp >= 10 and not bad, "\n".join(bad)
+
+
+def test_a_broken_report_fails_each_rule_by_name():
+    good = {"a": "x", "b": "y", "verdict": NOT_RESOLVED, "unit": "run", "runs": 1, "documents": 12}
+    assert violations({"comparisons": [good], "arms": [{"name": "x", "flops": {"total": 1}}]}, "Teacher `tiny`", True) == []
+    broken = {"comparisons": [{"a": "x", "b": "y", "verdict": "a better", "unit": "run", "runs": 2}],
+              "arms": [{"name": "x", "ce": 1.0}]}
+    got = violations(broken, "Teacher `{report['teacher']}`; p {p:.3g}", smoke=True)
+    assert {v.split(":")[0] for v in got} == {"verdict_on_smoke", "verdict_from_few_runs", "documents", "flops", "placeholder"}
+    assert sum(v.startswith("placeholder") for v in got) == 2
