@@ -296,7 +296,8 @@ class DistillStudyReport(_StudentTask):
     # 5: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
     # 6: method comparisons over training runs (fewer than 3: not resolved), Holm-adjusted; documents resampled;
     #    FLOPs per arm; a plumbing check (smoke preset, random teacher) gives no verdict
-    code_version = 6
+    # 7: the crossed run-level estimate, the document minimum, Holm-level intervals; vs-untrained with documents
+    code_version = 7
     uses_device = False  # reads the arms' results only
     eval = luigi.DictParameter(visibility=HIDDEN)
     heal = luigi.DictParameter(visibility=HIDDEN)

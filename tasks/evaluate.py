@@ -32,7 +32,9 @@ class Evaluate(_StudentTask):
     # 3: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
     # 4: fixed-model comparisons labelled "unit": "sequence", resampling documents; each scored row's document id;
     #    parameters per decoder layer and LM head of the teacher and the student (for FLOPs)
-    code_version = 4
+    # 5: the document minimum for a verdict, eval.extra comparisons with documents, a random teacher's comparisons
+    #    descriptive, the quality gate undefined where the gap is
+    code_version = 5
     eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
     heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,

@@ -31,7 +31,8 @@ class LocalStudyReport(ZGTask):
     # 5: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why"); the report's name (an arm's name overwrote it)
     # 6: method comparisons over training runs (t interval, Holm-adjusted; fewer than 3 runs: not resolved), documents
     #    resampled, FLOPs per run, the FLOPs-matched arm, search seeds apart from reported seeds, plumbing checks descriptive
-    code_version = 6
+    # 7: the crossed run-level estimate (each variance component once), the document minimum, Holm-level intervals
+    code_version = 7
     uses_device = False  # reads the EvaluateLocal results only
 
     tokenizer = luigi.Parameter()
