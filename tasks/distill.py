@@ -392,8 +392,7 @@ class DistillStudyReport(_StudentTask):
         add_flops(arms, seq, a, [int(t["batch_size"]) for t in self.blocks], {"e2e": (e2e["steps"], bs), "e2e_healed": (
             e2e_h["steps"], bs), "healed": (int(self.heal["steps"]), int(self.heal["batch_size"]))}, cache if "cache" in req else None)
         untrained = load_scores(req["blockwise"].out_dir / SCORES)["val"]["ce"]["untrained"]
-        distill_report.verdict_gates(arms, scores, untrained, seed, groups=docs,  # a gate passes only on a resolved verdict
-                                     descriptive=rep["descriptive"])
+        distill_report.verdict_gates(arms, scores, untrained, seed, groups=docs, descriptive=rep["descriptive"])  # needs a verdict
         with self.building() as tmp:
             write_json(tmp / "report.json", rep)
             save_scores(tmp / SCORES, scores_part(scores, rows, docs))

@@ -11,10 +11,12 @@ Source: ZeroGraph (arXiv:2611.02200), quality and context-use gates, cache econo
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
+from zgcore.evaluation.economics import (cache_economics, economics, economics_md, logit_store_cost,  # noqa: F401
+                                          logit_store_md)
 from zgcore.markdown import num, table
 
 # The untrained -> teacher gap must be at least this wide (held-out CE, nats/token) for a share of
@@ -119,78 +121,6 @@ def gates(report: Mapping[str, Any], gap_threshold: float = 0.8, context_thresho
     return out
 
 
-def cache_economics(build_seconds: float, build_bytes: int, jobs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Cache economics: what materialising the teacher's boundaries cost and when it pays off.
-
-    Args:
-        build_seconds: wall time of the cache build (s). build_bytes: its size on disk (bytes).
-        jobs: one dict per TrainBlock with ``cached_seconds`` (wall time of the job with cached
-            targets) and ``online_seconds`` (the same job with online targets), both in s.
-
-    Returns:
-        ``per_job`` (the jobs with their saving), ``experiment_cached_seconds`` /
-        ``experiment_online_seconds`` (all jobs once; cached includes the build),
-        ``break_even_reuses``: the smallest number N of full experiments (each running every job
-        once) for which ``build + N * sum(cached) < N * sum(online)`` — None if online is never
-        slower — and ``break_even_jobs``, the same count in single average jobs.
-
-    Source: ZeroGraph (arXiv:2611.02200) reports a 618.31 s build with no break-even through 16 reuses.
-    """
-    cached = sum(j["cached_seconds"] for j in jobs)
-    online = sum(j["online_seconds"] for j in jobs)
-    saving = online - cached
-    out = {"build_seconds": build_seconds, "build_bytes": build_bytes,
-           "per_job": [{**j, "saving_seconds": j["online_seconds"] - j["cached_seconds"]} for j in jobs],
-           "experiment_cached_seconds": build_seconds + cached, "experiment_online_seconds": online,
-           "break_even_reuses": None, "break_even_jobs": None}
-    if saving > 0:
-        out["break_even_reuses"] = math.floor(build_seconds / saving) + 1
-        per_job = saving / len(jobs)
-        out["break_even_jobs"] = math.floor(build_seconds / per_job) + 1
-    return out
-
-
-def economics(manifest: Mapping[str, Any], blocks: Sequence[Mapping[str, Any]], batch_sizes: Sequence[int],
-              teacher_seconds: Callable[[int, int, int], float]) -> dict[str, Any]:
-    """Cache economics of one experiment from measured times.
-
-    Each block job's time in the mode it ran in is measured; the other mode is projected from its
-    measured compute time plus (online) the teacher's forward time per batch, or (cached) the
-    measured data time of reading a batch from the store.
-
-    Args:
-        manifest: the boundary store's manifest (``build_seconds`` summed over shards, ``bytes``,
-            ``n_train``, ``n_val``; ``n_shards`` and ``build_wall_seconds`` when sharded).
-        blocks: each TrainBlock's ``metrics.json`` (``block``, ``start``, ``end``, ``targets``,
-            ``steps``, ``seconds``, ``data_seconds``, ``compute_seconds``, ``teacher_seconds``).
-        batch_sizes: each block's batch size (sequences), in block order.
-        teacher_seconds: ``(start, end, batch_size) -> s``, the teacher's forward time for one batch
-            up to boundary ``end`` (see :func:`zgcore.evaluation.metrics.teacher_forward_seconds`).
-    """
-    jobs, timed = [], {}
-    for b in blocks:
-        key = (b["start"], b["end"], int(batch_sizes[b["block"]]))
-        if key not in timed:
-            timed[key] = teacher_seconds(*key)
-        if b["targets"] == "online":
-            online, teacher_s = b["seconds"], b["teacher_seconds"]
-            cached = b["compute_seconds"] + b["data_seconds"] - teacher_s  # no measured read time: a lower bound
-        else:
-            cached, teacher_s = b["seconds"], b["steps"] * timed[key]
-            online = b["compute_seconds"] + teacher_s
-        jobs.append({"block": b["block"], "cached_seconds": cached, "online_seconds": online,
-                     "data_seconds": b["data_seconds"], "compute_seconds": b["compute_seconds"],
-                     "online_teacher_seconds": teacher_s, "steps": b["steps"], "measured": b["targets"]})
-    econ = cache_economics(manifest["build_seconds"], manifest["bytes"], jobs)
-    econ["build_seconds_per_sequence"] = manifest["build_seconds"] / (manifest["n_train"] + manifest["n_val"])
-    econ["shards"] = manifest.get("n_shards", 1)
-    econ["build_wall_seconds"] = manifest.get("build_wall_seconds", manifest["build_seconds"])
-    econ["method"] = ("Each job's time in the mode it ran in is measured; the other mode is projected from its "
-                      "measured compute time plus the teacher's forward time per batch up to the block's output "
-                      "boundary, timed in this task.")
-    return econ
-
-
 def model_comparisons(scores: Mapping[str, Any], seed: int, extra: Mapping[str, Mapping[str, Any]] | None = None,
                       documents: Any = None) -> list[dict[str, Any]]:
     """The experiment's paired comparisons (:func:`zgcore.evaluation.compare.compare`): the assembled student
@@ -277,43 +207,6 @@ def summary_line(report: Mapping[str, Any]) -> str:
 MODELS = (("teacher", "teacher"), ("untrained", "untrained student"), ("student", "assembled student"))
 
 
-def _economics_md(econ: Mapping[str, Any], teacher_layers: int) -> list[str]:
-    be = econ["break_even_reuses"]
-    rows = [[j["block"], num(j["cached_seconds"], ".1f"), num(j["data_seconds"], ".1f"), num(j["compute_seconds"], ".1f"),
-             num(j["online_seconds"], ".1f"), num(j["online_teacher_seconds"], ".1f"), num(j["saving_seconds"], ".1f")]
-            for j in econ["per_job"]]
-    return ["## Cache economics", "",
-            f"Cache build: {econ.get('shards', 1)} shard(s), {num(econ['build_seconds'], '.1f')} s teacher time summed "
-            f"over shards, {num(econ.get('build_wall_seconds', econ['build_seconds']), '.1f')} s wall, "
-            f"{num(econ['build_bytes'] / 2**20, '.1f')} MiB "
-            f"({num(econ['build_seconds_per_sequence'] * 1000, '.0f')} ms/sequence through all {teacher_layers} teacher layers).", "",
-            table(["block", "cached job (s)", "of which data (s)", "compute (s)", "online job (s)", "online teacher (s)",
-                   "saving (s)"], rows), "",
-            f"One experiment: cached {num(econ['experiment_cached_seconds'], '.1f')} s (build included) vs online "
-            f"{num(econ['experiment_online_seconds'], '.1f')} s. Break-even: "
-            + (f"**{be} experiment(s)** ({econ['break_even_jobs']} average block jobs)" if be else "never (online is not slower)")
-            + f". {econ['method']}", ""]
-
-
-def logit_store_cost(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """What the top-k logit store cost, from its manifest: ``top_k``, ``temperature``, ``shards``,
-    ``build_seconds`` (teacher time summed over shards, s), ``build_wall_seconds`` (s),
-    ``bytes`` (its shard files), ``bytes_per_token`` (``bytes`` over every stored token, HDF5
-    and checksums included)."""
-    tokens = (int(manifest["n_train"]) + int(manifest["n_val"])) * int(manifest["seq_len"])
-    return {"top_k": manifest["top_k"], "temperature": manifest["temperature"], "shards": manifest["n_shards"],
-            "build_seconds": manifest["build_seconds"], "build_wall_seconds": manifest["build_wall_seconds"],
-            "bytes": manifest["bytes"], "bytes_per_token": manifest["bytes"] / max(1, tokens)}
-
-
-def _logit_store_md(c: Mapping[str, Any]) -> list[str]:
-    return ["## Top-k logit store", "",
-            (f"The teacher's top-{c['top_k']} targets at T = {c['temperature']:g} (what healing read instead of running "
-             f"the teacher): {c['shards']} shard(s), {num(c['build_seconds'], '.1f')} s teacher time summed over shards, "
-             f"{num(c['build_wall_seconds'], '.1f')} s wall, {num(c['bytes'] / 2**20, '.2f')} MiB "
-             f"({num(c['bytes_per_token'], '.1f')} bytes/token)."), ""]
-
-
 def _shift_md(shift: Mapping[str, Any]) -> list[str]:
     rows = [[r["block"], num(r["teacher_input"]), num(r["student_input"])] + [num(r["noisy_input"][str(s)]) for s in shift["scales"]]
             for r in shift["blocks"]]
@@ -386,9 +279,9 @@ def report_markdown(report: Mapping[str, Any]) -> str:
                         [[label, num(cu[k]["full"]), num(cu[k]["window"]), num(cu[k]["context_use"], "+.4f")]
                          for k, label in MODELS]), ""]
     if report.get("economics"):
-        lines += _economics_md(report["economics"], report["layers"]["teacher"])
+        lines += economics_md(report["economics"], report["layers"]["teacher"])
     if report.get("logit_store"):
-        lines += _logit_store_md(report["logit_store"])
+        lines += logit_store_md(report["logit_store"])
     if report.get("shift"):
         lines += _shift_md(report["shift"])
     if report.get("gates"):
