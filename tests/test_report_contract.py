@@ -128,3 +128,35 @@ def test_a_broken_report_fails_each_rule_by_name():
     got = violations(broken, "Teacher `{report['teacher']}`; p {p:.3g}", smoke=True)
     assert {v.split(":")[0] for v in got} == {"verdict_on_smoke", "verdict_from_few_runs", "documents", "flops", "placeholder"}
     assert sum(v.startswith("placeholder") for v in got) == 2
+
+
+def direct_compare_calls(paths) -> list[str]:
+    """``"<file>:<line>"`` of every call of ``zgcore.evaluation.compare.compare`` outside the entry
+    point (imported as ``compare`` from that module, or called as ``compare.compare``)."""
+    import ast
+
+    out = []
+    for p in paths:
+        tree = ast.parse(Path(p).read_text())
+        names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                 and n.module == "zgcore.evaluation.compare" for a in n.names if a.name == "compare"}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call):
+                f = n.func
+                if (isinstance(f, ast.Name) and f.id in names) or (
+                        isinstance(f, ast.Attribute) and f.attr == "compare" and isinstance(f.value, ast.Name)
+                        and f.value.id == "compare"):
+                    out.append(f"{p}:{n.lineno}")
+    return out
+
+
+def test_every_report_compares_through_the_one_entry_point(tmp_path):
+    """Reports call ``compare_arms`` (which knows fixed models from trained configurations), never
+    ``compare`` itself: discovered over every module of zgcore/, tasks/, workflows/ and scripts/."""
+    root = PRESETS.parents[1]
+    files = [p for d in ("zgcore", "tasks", "workflows", "scripts") for p in (root / d).rglob("*.py")
+             if p != root / "zgcore" / "evaluation" / "compare.py"]
+    assert len(files) > 50 and direct_compare_calls(files) == []
+    bad = tmp_path / "bad_report.py"
+    bad.write_text("from zgcore.evaluation.compare import compare\n\ndef f(a, b):\n    return compare('a', 'b', [a], [b], [0])\n")
+    assert direct_compare_calls([bad]) == [f"{bad}:4"]
