@@ -100,3 +100,16 @@ def test_economics_projects_the_other_mode_from_measured_times():
     assert job["cached_seconds"] == 6.0 and job["online_seconds"] == pytest.approx(5.0 + 5 * 0.5)
     assert econ["break_even_reuses"] == math.floor(10.0 / 1.5) + 1
     assert econ["build_seconds_per_sequence"] == pytest.approx(1.0)
+
+
+def test_healing_flops_count_the_teacher_online_each_step_or_once_for_its_store():
+    from zgcore.evaluation.flops import heal_flops
+
+    teacher = {"layers": [100, 100], "head": 50, "width": 4}
+    student = {"layers": [100], "head": 50, "width": 4}
+    t_full, s_full = 2 * (2 * 100 + 2 * 8 * 4) + 2 * 50, (2 * 100 + 2 * 8 * 4) + 2 * 50  # per token, T = 8
+    online = heal_flops(8, teacher, student, steps=3, batch_size=2)
+    assert online["student"] == 3 * 3 * 2 * 8 * s_full and online["teacher"] == 3 * 2 * 8 * t_full
+    cached = heal_flops(8, teacher, student, steps=3, batch_size=2, store_sequences=10)
+    assert cached["teacher"] == 10 * 8 * t_full and cached["student"] == online["student"]
+    assert cached["total"] == cached["student"] + cached["teacher"] and "store" in cached["teacher_mode"]
