@@ -123,6 +123,9 @@ def test_two_runs_never_give_a_verdict_and_one_seed_over_two_documents_never_doe
     a = r.normal(4.0, 0.1, 200)
     c = compare.compare("a", "b", [a], [a + 3.0], [0], groups=np.repeat([0, 1], 100))  # 3 nats/token apart
     assert c["documents"] == 2 and c["verdict"] == compare.NOT_RESOLVED and c["why"] == compare.FEW_DOCUMENTS
+    one = compare.compare("a", "b", [a], [a + 3.0 + r.normal(0, 0.1, 200)], [0], groups=np.zeros(200, int))
+    assert one["p"] is None and one["ci95"] == [-np.inf, np.inf] and "—" in compare.markdown([one])  # never zero width
+    assert "1 document (" in compare.sentence(one) and one["why"] == compare.FEW_DOCUMENTS
     c = compare.compare("a", "b", [a[:8]], [a[:8] + 3.0], [0])  # 8 independent sequences: below the minimum too
     assert c["independent"] and c["documents"] is None and c["why"] == compare.FEW_DOCUMENTS
 

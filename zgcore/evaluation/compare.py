@@ -192,7 +192,10 @@ def compare(a: str, b: str, ce_a: Sequence[np.ndarray], ce_b: Sequence[np.ndarra
     within = [within_variance(d, cl) for d in diffs]
     mean, r = float(np.mean(per_seed)), len(per_seed)
     se = df = parts = None
-    if r == 1:
+    if int(cl.max()) < 1:  # one document: nothing to resample, no interval and no p (never a zero-width interval)
+        lo, hi, p = -math.inf, math.inf, None
+        unit, method = (SEQUENCE, METHOD_SEQUENCE.format(what=what)) if r == 1 else (RUN, METHOD_RUN.format(what=what[:-1]))
+    elif r == 1:
         if np.ptp(diffs[0]) == 0:  # no spread at all (e.g. the same run twice): the interval is the point
             lo = hi = mean
             p = 1.0 if mean == 0 else 0.0
@@ -294,12 +297,15 @@ def compare_arms(pairs: Sequence[tuple[str, str]], arms: Mapping[str, Mapping[in
 
 
 def _ci(ci: Sequence[float] | None) -> str:
-    return "—" if ci is None else f"[{num(ci[0], '+.4f')}, {num(ci[1], '+.4f')}]"
+    if ci is None or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in ci):
+        return "—"  # none computed, or one document: nothing to resample
+    return f"[{num(ci[0], '+.4f')}, {num(ci[1], '+.4f')}]"
 
 
 def _units(c: Mapping[str, Any]) -> str:
     docs = (f"{c['documents']} documents" if c.get("documents") is not None
             else "no documents: sequences treated as independent")
+    docs = docs.replace("1 documents", "1 document") if c.get("documents") == 1 else docs
     return f"{c['sequences']} sequences, {docs}"
 
 
