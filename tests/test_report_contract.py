@@ -92,11 +92,17 @@ def tiny_outputs(tmp_path_factory):
     """Run every tiny preset once, into one outputs folder (they share the teacher and corpus)."""
     import luigi
 
+    import workflows
+
     out = tmp_path_factory.mktemp("tiny_outputs")
     ran = {}
     for p in tiny_presets():
         wf = workflow_for(p)(preset=p, outputs=str(out))
         ran[p] = luigi.build([wf], local_scheduler=True, workers=1, log_level="WARNING")
+    # a workflow with no tiny preset of its own runs on `tiny` (the objective study has none)
+    for cls in {workflows.ObjectiveStudy} - {workflow_for(p) for p in tiny_presets()}:
+        ran[f"{cls.__name__}:tiny"] = luigi.build([cls(preset="tiny", outputs=str(out))], local_scheduler=True, workers=1,
+                                                  log_level="WARNING")
     return out, ran
 
 
@@ -110,7 +116,7 @@ def test_every_report_of_every_tiny_preset_keeps_the_contract(tiny_outputs):
     out, _ = tiny_outputs
     reports = sorted(p for p in out.rglob("report.json") if ".partial" not in str(p))
     kinds = {p.parent.parent.name for p in reports}
-    assert {"Evaluate", "DistillStudyReport", "LibraryReport", "LocalStudyReport"} <= kinds, kinds
+    assert {"Evaluate", "DistillStudyReport", "LibraryReport", "LocalStudyReport", "ObjectiveStudyReport"} <= kinds, kinds
     bad, n_comp = [], 0
     for p in reports:
         rep = json.loads(p.read_text())
