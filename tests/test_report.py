@@ -113,3 +113,12 @@ def test_healing_flops_count_the_teacher_online_each_step_or_once_for_its_store(
     cached = heal_flops(8, teacher, student, steps=3, batch_size=2, store_sequences=10)
     assert cached["teacher"] == 10 * 8 * t_full and cached["student"] == online["student"]
     assert cached["total"] == cached["student"] + cached["teacher"] and "store" in cached["teacher_mode"]
+
+
+def test_budgets_are_never_written_in_scientific_notation():
+    from tasks.library import SelectBudget
+    from zgcore.evaluation.library_report import budget_label
+
+    assert budget_label(84_962_765.0) == "84,962,765" and budget_label(0.7) == "0.7"
+    t = SelectBudget(candidates=[], budget=84_962_765.0, unit="params", outputs="/tmp/unused")
+    assert t.label() == "select-params84962765" and "e+" not in t.label()
