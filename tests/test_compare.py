@@ -196,6 +196,8 @@ def test_seeds_extra_corpus_and_random_subset_end_to_end(tmp_path, run_graph):
         part = sc["extra"]["stdlib-docstrings"]
         assert {k: float(v.mean()) for k, v in part["ce"].items()} == pytest.approx(ex["cross_entropy"])
         assert part["rows"] != list(range(6)) and rep["subset"]["sha256"] == sc["val"]["subset_sha256"]
+        assert len(part["documents"]) == 6  # each out-of-domain row's document, so its comparisons resample documents
+        assert all(isinstance(c["documents"], int) for c in rep["comparisons"] if c.get("held_out"))
         assert rep["cross_entropy"]["student"] == pytest.approx(float(sc["val"]["ce"]["student"].mean()))
         assert {(c["a"], c["b"], c.get("held_out")) for c in rep["comparisons"]} == {
             ("student", "untrained", None), ("student", "teacher", None),
