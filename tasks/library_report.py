@@ -6,12 +6,14 @@ student already built."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import luigi
 
 from zgcore.atomic import write_json, write_text
 from zgcore.evaluation import library_report as zlib
 from zgcore.evaluation.compare import SCORES, load_scores
+from zgcore.evaluation.flops import blocks_training_flops
 from zgcore.evaluation.report import random_teacher_note
 
 from .base import HIDDEN, ZGTask
@@ -28,7 +30,7 @@ class LibraryReport(ZGTask):
 
     uses_device = False
     # 2: comparisons as trained configurations (one seed: not resolved), documents resampled, Holm over the report,
-    #    FLOPs/token per arm, the random-teacher banner; budgets never in scientific notation
+    #    FLOPs/token and training FLOPs per arm, the random-teacher banner; budgets never in scientific notation
     code_version = 2
     teacher = luigi.Parameter()
     corpus = luigi.DictParameter(visibility=HIDDEN)
@@ -94,6 +96,14 @@ class LibraryReport(ZGTask):
                   **{k: c[k] for k in ("kept", "intermediate_size", "kv_heads", "params", "flops", "kv_bytes", "ce",
                                        "ce_teacher", "ce_increase", "block_loss", "tune_sequences")}}
                  for i, part in enumerate(cands) for v, c in enumerate(part)]
+        seq = int(self.corpus["seq_len"])
+
+        def train_flops(indices) -> int:  # the chosen candidates' block training, student side (zgcore.evaluation.flops)
+            steps = [json.loads((Path(cands[i][v]["block_dir"]) / "metrics.json").read_text())["steps"]
+                     for i, v in enumerate(indices)]
+            return blocks_training_flops([{"steps": n, "batch_size": self.candidates[i][v]["train"]["batch_size"],
+                                           "forward": cands[i][v]["flops"]} for n, (i, v) in zip(steps, enumerate(indices))], seq)
+
         selections, scores = [], {}
         for b, sel_task, st in zip(self.budgets, req["selections"], students):
             sel = json.loads((sel_task.out_dir / "selection.json").read_text())
@@ -106,7 +116,7 @@ class LibraryReport(ZGTask):
                                "chosen": [self.candidates[i][v]["name"] for i, v in enumerate(sel["chosen"])],
                                "indices": sel["chosen"], "params": sel["params"], "flops": sel["flops"],
                                "kv_bytes": sel["kv_bytes"], "predicted_increase": sel["delta"], "ce": ce["ce"],
-                               "extra": ce["extra"], "model": ce["model"]})
+                               "extra": ce["extra"], "model": ce["model"], "train_flops": train_flops(sel["chosen"])})
         uniform = []
         for u, t in zip(self.uniform, req["uniform"]):
             ce = json.loads((t.out_dir / "ce.json").read_text())
@@ -114,7 +124,7 @@ class LibraryReport(ZGTask):
             extra = cands[0][0]["student_extra"]
             cost = {k: extra[k] + sum(cands[i][v][k] for i, v in enumerate(u["indices"])) for k in ("params", "flops", "kv_bytes")}
             uniform.append({"name": u["name"], "indices": list(u["indices"]), "params": ce["params"], "cost": cost,
-                            "ce": ce["ce"], "extra": ce["extra"], "model": ce["model"]})
+                            "ce": ce["ce"], "extra": ce["extra"], "model": ce["model"], "train_flops": train_flops(u["indices"])})
         seed = int(self.candidates[0][0]["train"]["seed"])
         note = random_teacher_note(self.teacher)  # a random teacher: the banner, and no verdict
         report = {"name": self.name, "teacher": self.teacher, "seq_len": int(self.corpus["seq_len"]), "budget_unit": self.unit,

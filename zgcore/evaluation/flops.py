@@ -122,3 +122,11 @@ def heal_flops(seq_len: int, teacher: Mapping[str, Any], student: Mapping[str, A
     else:
         tea, mode = int(store_sequences) * T * t_full, "top-k logit store build (whole, once)"
     return {"student": int(stu), "teacher": int(tea), "total": int(stu + tea), "teacher_mode": mode}
+
+
+def blocks_training_flops(blocks: Sequence[Mapping[str, Any]], seq_len: int) -> int:
+    """Student-side training FLOPs of blocks trained alone: ``3 x steps x batch_size x seq_len x
+    forward`` summed over ``blocks`` (each ``{"steps", "batch_size", "forward"}``, ``forward`` its
+    forward FLOPs per token). The teacher's forwards (the boundary cache, shared by every student
+    built from these blocks) are not included."""
+    return int(sum(3 * int(b["steps"]) * int(b["batch_size"]) * int(seq_len) * float(b["forward"]) for b in blocks))

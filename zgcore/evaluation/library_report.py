@@ -41,8 +41,8 @@ def comparisons(selections: Sequence[Mapping[str, Any]], uniform: Sequence[Mappi
     where the scores record them.
 
     Args:
-        selections: ``{"budget", "model", ...}`` per budget (``"flops"``: FLOPs/token, carried
-            into the comparison). uniform: ``{"name", "model", "ce", "cost"}``.
+        selections: ``{"budget", "model", ...}`` per budget (``"flops"``: FLOPs/token, and
+            ``"train_flops"``, carried into the comparison). uniform: ``{"name", "model", "ce", "cost"}``.
         scores: model folder -> :func:`zgcore.evaluation.compare.load_scores` of its evaluation.
         seed: the training seed (one). plumbing: a random teacher's library (no verdict, ever).
 
@@ -66,7 +66,8 @@ def comparisons(selections: Sequence[Mapping[str, Any]], uniform: Sequence[Mappi
             arms = {na: {seed: np.asarray(pa["ce"]["student"])}, nb: {seed: np.asarray(pb["ce"]["student"])}}
             (c,) = compare_arms([(na, nb)], arms, groups=pa.get("documents"))
             out.append({**c, "budget": s["budget"], "held_out": held_out,
-                        "flops": {na: s.get("flops"), nb: (u.get("cost") or {}).get("flops")}})
+                        "flops": {na: s.get("flops"), nb: (u.get("cost") or {}).get("flops")},
+                        "train_flops": {na: s.get("train_flops"), nb: u.get("train_flops")}})
     full = holm([c for c in out if "note" not in c])
     if plumbing:
         descriptive(full)
@@ -126,9 +127,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     if full:
         lines += [""] + [f"- budget {budget_label(c['budget'])} ({c['held_out'] or 'in-domain'}): {sentence(c)}" for c in full]
         lines += ["", comparisons_md(full), "",
-                  table(["budget", "arm", "FLOPs/token (inference, non-embedding)"],
-                        [[budget_label(c["budget"]), k, num(v, ",.0f")] for c in full if c.get("held_out") is None
-                         for k, v in (c.get("flops") or {}).items()]), "",
+                  table(["budget", "arm", "FLOPs/token (inference)", "training FLOPs (its blocks, student side)"],
+                        [[budget_label(c["budget"]), k, num(v, ",.0f"), num((c.get("train_flops") or {}).get(k), ".3e")]
+                         for c in full if c.get("held_out") is None for k, v in (c.get("flops") or {}).items()]), "",
                   "Two student shapes are trained configurations: from one training seed a comparison describes "
                   "these two models and has no verdict; a method comparison needs at least 3 seeds."]
     lines += ["", "![quality against size](quality_size.png)", ""]
