@@ -103,3 +103,42 @@ def add_flops(arms: Sequence[dict[str, Any]], seq_len: int, blockwise: Mapping[s
         arm["flops"] = arm_flops(name, seq_len, par["teacher"], par["student"], blockwise["blocks"], batch_sizes,
                                  e2e=as_dict.get(name) if name.startswith("e2e") else None, heal=as_dict.get("healed"),
                                  cache_sequences=n_cache)
+
+
+def forward_flops(par: Mapping[str, Any], tokens: int, seq_len: int) -> int:
+    """Forward FLOPs of a whole causal LM (:func:`model_parameters` ``par``: decoder layers and LM
+    head) over ``tokens`` tokens in sequences of ``seq_len``."""
+    return int(tokens) * (layers_forward(par["layers"], seq_len, par["width"]) + 2 * int(par["head"]))
+
+
+def scoring_flops(par: Mapping[str, Any], sequences: int, seq_len: int, context_sequences: int = 0,
+                  window: int = 0) -> int:
+    """FLOPs of scoring one model (:func:`model_parameters` ``par``): the CE forward over
+    ``sequences`` rows of ``seq_len`` tokens, and for context use (``context_sequences`` > 0,
+    :func:`zgcore.evaluation.metrics.context_use`) per sequence one more full forward and
+    ``seq_len - seq_len // 2`` forwards of ``window`` tokens."""
+    out = forward_flops(par, sequences * seq_len, seq_len)
+    if context_sequences:
+        half = seq_len - seq_len // 2
+        out += context_sequences * (forward_flops(par, seq_len, seq_len) + forward_flops(par, half * window, window))
+    return int(out)
+
+
+def block_train_flops(layer_params: Sequence[int], width: int, seq_len: int, steps: int, batch_size: int) -> int:
+    """Training FLOPs of one student block (decoder layers of ``layer_params`` parameters each):
+    three forwards (forward and backward) per token over ``steps`` steps of ``batch_size`` sequences."""
+    return 3 * int(steps) * int(batch_size) * int(seq_len) * layers_forward(layer_params, seq_len, width)
+
+
+def cache_build_flops(teacher: Mapping[str, Any], sequences: int, seq_len: int, last: int) -> int:
+    """FLOPs of the boundary cache build: ``sequences`` rows through the teacher's first ``last``
+    decoder layers (never its LM head)."""
+    return int(sequences) * int(seq_len) * layers_forward(teacher["layers"][: int(last)], seq_len, teacher["width"])
+
+
+def heal_flops(student: Mapping[str, Any], teacher: Mapping[str, Any] | None, steps: int, batch_size: int,
+               seq_len: int) -> int:
+    """FLOPs of healing: forward and backward of the whole student and its LM head per token, and
+    (``teacher`` given: online targets) the whole teacher's forward; ``None`` for a top-k logit store."""
+    tokens = int(steps) * int(batch_size) * int(seq_len)
+    return 3 * forward_flops(student, tokens, seq_len) + (forward_flops(teacher, tokens, seq_len) if teacher else 0)
