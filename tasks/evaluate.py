@@ -149,10 +149,7 @@ class Evaluate(_StudentTask):
         here = probe("cpu" if not self.uses_device else self.device)
         rows = []
         if manifest:
-            work = flops.cache_build_flops(parameters["teacher"], int(manifest["n_train"]) + int(manifest["n_val"]),
-                                           seq_len, last)
-            rows.append(utilisation.phase("cache build", float(manifest["build_seconds"]), work,
-                                          manifest.get("peak") or here, "task" if manifest.get("peak") else "report"))
+            rows.append(_cache_phase(req["cache"], manifest, parameters["teacher"], seq_len, last, here))
         at, width = 0, parameters["student"]["width"]
         for b, t in zip(blocks, self.blocks):
             n = len(b["kept"])
@@ -171,6 +168,20 @@ class Evaluate(_StudentTask):
                 rows.append(utilisation.from_metrics(f"scoring {t.label()}", json.loads(t.checked(METRICS).read_text()), here))
         rows.append(utilisation.from_metrics("scoring boundary shift", json.loads(req["shift"].checked(METRICS).read_text()), here))
         return rows
+
+
+def _cache_phase(cache, manifest, teacher, seq_len: int, last: int, here) -> dict:
+    """The cache build's row: its shards' seconds and FLOPs summed, against the first shard's own
+    peak (every shard of one build runs on one kind of device); the report's peak and counted FLOPs
+    for a cache built before shards recorded them."""
+    from .cache import SHARD_METRICS
+
+    recs = [t.out_dir / SHARD_METRICS for t in cache.shard_tasks() or []]
+    if recs and all(p.is_file() for p in recs):
+        ms = [json.loads(p.read_text()) for p in recs]
+        return utilisation.phase("cache build", sum(m["seconds"] for m in ms), sum(m["flops"] for m in ms), ms[0]["peak"])
+    work = flops.cache_build_flops(teacher, int(manifest["n_train"]) + int(manifest["n_val"]), seq_len, last)
+    return utilisation.phase("cache build", float(manifest["build_seconds"]), work, here, "report")
 
 
 def as_floats(values):

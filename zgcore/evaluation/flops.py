@@ -31,6 +31,16 @@ def model_parameters(model) -> dict[str, Any]:
             "head": int(model.get_output_embeddings().weight.numel()), "width": int(cfg.hidden_size)}
 
 
+def decoder_parameters(model) -> dict[str, Any]:
+    """``{"layers": [P per decoder layer], "width": d}`` of a decoder stack with or without its LM
+    head (e.g. the teacher's base model the cache build runs)."""
+    from zgcore.models.adapters import adapter_for
+
+    layers = adapter_for(model).decoder_layers(model)
+    return {"layers": [int(sum(p.numel() for p in layer.parameters())) for layer in layers],
+            "width": int(model.config.get_text_config().hidden_size)}
+
+
 def layers_forward(params: Sequence[int], seq_len: int, width: int) -> int:
     """Forward FLOPs per token of the decoder layers with ``params`` parameters each: ``sum 2 P + 2 T d``."""
     return int(sum(2 * p + 2 * seq_len * width for p in params))
