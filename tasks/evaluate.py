@@ -146,7 +146,7 @@ class Evaluate(_StudentTask):
         block, healing, then every scoring task, each from its own ``metrics.json``."""
         from zgcore.training.mfu import probe
 
-        here = probe("cpu" if not self.uses_device else self.device)
+        here = lambda: probe(self.device)  # noqa: E731 (measured only for outputs that recorded no peak)
         rows = []
         if manifest:
             rows.append(_cache_phase(req["cache"], manifest, parameters["teacher"], seq_len, last, here))
@@ -181,7 +181,7 @@ def _cache_phase(cache, manifest, teacher, seq_len: int, last: int, here) -> dic
         ms = [json.loads(p.read_text()) for p in recs]
         return utilisation.phase("cache build", sum(m["seconds"] for m in ms), sum(m["flops"] for m in ms), ms[0]["peak"])
     work = flops.cache_build_flops(teacher, int(manifest["n_train"]) + int(manifest["n_val"]), seq_len, last)
-    return utilisation.phase("cache build", float(manifest["build_seconds"]), work, here, "report")
+    return utilisation.phase("cache build", float(manifest["build_seconds"]), work, here(), "report")
 
 
 def as_floats(values):

@@ -4,7 +4,7 @@ and MFU against the matmul peak measured in the process that ran it
 (:func:`zgcore.training.mfu.probe`), or, where that process recorded none, in the report's own."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from zgcore.markdown import num, table
 
@@ -20,14 +20,15 @@ def phase(name: str, seconds: float, flops: int, peak: Mapping[str, Any], probed
             "peak_gflops_per_second": p / 1e9, "peak_dtype": peak["dtype"], "probed": probed}
 
 
-def from_metrics(name: str, m: Mapping[str, Any], fallback: Mapping[str, Any], flops: int | None = None,
-                 seconds: float | None = None) -> dict[str, Any]:
+def from_metrics(name: str, m: Mapping[str, Any], fallback: Callable[[], Mapping[str, Any]],
+                 flops: int | None = None) -> dict[str, Any]:
     """A row from a task's ``metrics.json`` ``m``: its own ``flops`` and ``peak`` where it recorded
-    them (:func:`zgcore.training.mfu.utilisation`), else ``flops`` and the ``fallback`` peak."""
+    them (:func:`zgcore.training.mfu.utilisation`), else ``flops`` and the peak ``fallback()`` measures
+    (an output written before tasks recorded their own)."""
     own = m.get("peak")
-    return phase(name, float(m["seconds"] if seconds is None else seconds),
-                 int(m["flops"]) if own and "flops" in m else int(flops or 0), own or fallback,
-                 "task" if own else "report")
+    if own and "flops" in m:
+        return phase(name, float(m["seconds"]), int(m["flops"]), own)
+    return phase(name, float(m["seconds"]), int(flops or 0), fallback(), "report")
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
