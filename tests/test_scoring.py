@@ -54,16 +54,19 @@ def test_two_experiments_differing_in_a_block_setting_score_the_teacher_once(tmp
     assert ra["cross_entropy"]["student"] != rb["cross_entropy"]["student"]
 
 
-def test_the_join_reports_what_the_models_score_when_run_directly(tmp_path, run_graph):
+@pytest.mark.parametrize("over", [{}, {"train.init": "random"},
+                                  {"train.keep": "importance", "train.intermediate_size": 32, "train.importance_sequences": 4}])
+def test_the_join_reports_what_the_models_score_when_run_directly(over, tmp_path, run_graph):
     """The scores the report joins are, bit for bit, those of the teacher and of the untrained
-    student rebuilt from the blocks' own saved initial weights (what Evaluate computed itself before)."""
+    student rebuilt from the blocks' own saved initial weights (what Evaluate computed itself
+    before), for teacher-initialised, random and measured (kept by influence, narrowed) blocks."""
     from zgcore.evaluation.compare import SCORES, load_scores
     from zgcore.models.adapters import assemble
     from tasks.blocks import load_blocks
     from zgcore.data import corpus
 
     out = str(tmp_path)
-    ev = build_experiment(load_config(overrides=tiny_cfg(**{"eval.max_sequences": 6}), preset=""), out)
+    ev = build_experiment(load_config(overrides=tiny_cfg(**{"eval.max_sequences": 6, **over}), preset=""), out)
     assert run_graph(ev)[0]
     _rec, (teacher, _tok) = ev.load_teacher()
     val = corpus.read_tokens(ev.requires()["corpus"].out_dir / "tokens.h5", "val")
