@@ -1,5 +1,8 @@
-"""Training FLOPs of the distillation study's arms: what each arm spent, beside its tokens and its
-student layer-token passes, so that "matched" can name the quantity it matches.
+"""The one FLOPs count of ZeroGraph's phases: the training FLOPs of the distillation study's arms
+(what each arm spent, beside its tokens and its student layer-token passes, so that "matched" can
+name the quantity it matches), and the FLOPs of each compute phase that the model FLOPs
+utilisation divides by its seconds (:mod:`zgcore.training.mfu`): the cache build, a block's
+training, healing, and scoring a model.
 
 Counting (Kaplan et al. 2020, "Scaling laws for neural language models", Table 1): a decoder
 layer's forward costs ``2 P + 2 T d`` FLOPs per token (``P`` its parameters, ``T`` the sequence
