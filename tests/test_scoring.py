@@ -117,3 +117,41 @@ def test_scoring_flops_count_the_ce_and_context_passes():
     assert flops.scoring_flops(par, 2, 8) == 16 * one
     win = flops.layers_forward([100, 100], 2, 4) + 100
     assert flops.scoring_flops(par, 2, 8, 1, 2) == 16 * one + 8 * one + 4 * 2 * win
+
+
+def block_bound_problems(before, after) -> list[str]:
+    """Tasks of graph ``after`` (a block setting changed) whose hash moved although nothing they
+    read depends on a trained block (no TrainBlock upstream of them): each would run again for nothing."""
+    from luigi.task import flatten
+
+    def reads_blocks(t, seen=None) -> bool:
+        return any(u.get_task_family() == "TrainBlock" or reads_blocks(u) for u in flatten(t.requires()))
+
+    old = {(t.get_task_family(), t.label()): t.uid for t in before}
+    return [f"{t.title()} moved its hash" for t in after if t.get_task_family() != "TrainBlock"
+            and not reads_blocks(t) and (t.get_task_family(), t.label()) in old
+            and old[(t.get_task_family(), t.label())] != t.uid]
+
+
+def test_no_task_that_reads_no_trained_block_moves_when_a_block_setting_changes(tmp_path):
+    """Over every task of the experiment graph (scoring tasks included): a block's lr, steps or
+    objective move only the tasks downstream of a TrainBlock."""
+    from tasks.score import ScoreTeacher
+    from workflows.cli import walk
+
+    out = str(tmp_path)
+    graph = lambda over: walk(build_experiment(load_config(overrides=tiny_cfg(**over), preset=""), out))  # noqa: E731
+    base = graph({})
+    for over in ({"blocks.1.lr": 0.003}, {"train.max_steps": 4}, {"train.objective": "noisy"}):
+        assert not block_bound_problems(base, graph(over)), over
+
+    class HashesBlocks(ScoreTeacher):  # a scoring task that hashes the blocks' settings it never reads
+        blocks = __import__("luigi").ListParameter(default=[])
+
+        def model_config(self):
+            return {"blocks": list(self.blocks)}
+
+    st = next(t for t in base if t.get_task_family() == "ScoreTeacher")
+    kw = dict(teacher=st.teacher, corpus=st.corpus, eval=st.eval, outputs=out)
+    assert block_bound_problems([HashesBlocks(blocks=[{"lr": 1}], **kw)], [HashesBlocks(blocks=[{"lr": 2}], **kw)]) == [
+        "HashesBlocks teacher-val moved its hash"]
