@@ -10,7 +10,8 @@ import json
 import luigi
 
 from zgcore.data import boundary_store, corpus
-from zgcore.training import blocks as ztrain
+from zgcore.evaluation import flops
+from zgcore.training import blocks as ztrain, mfu
 from zgcore.models import students
 from zgcore.models.adapters import build_block, head_logits
 from zgcore.atomic import write_json
@@ -140,13 +141,19 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
                                                      int(self.boundary["batch_size"]))
         else:
             source = boundary_store.BoundaryReader(self.requires()["cache"].out_dir)
+        seq_len, width = int(self.corpus["seq_len"]), block.body.config.hidden_size
+        layer_params = [sum(p.numel() for p in layer.parameters()) for layer in block.layers]
+        per_token = flops.block_train_flops(layer_params, width, seq_len, 1, 1) / seq_len  # training FLOPs per token
         with source:
             m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
                                    name=self.title(),
                                    head=(lambda h: head_logits(head, h)) if aux else None, tokens=tokens,
-                                   callbacks=self.watchers(self.train.get("tensorboard", True)))
+                                   callbacks=self.watchers(self.train.get("tensorboard", True), per_token))
             m["teacher_seconds"] = getattr(source, "teacher_seconds", 0.0)
+        # the block's training FLOPs against this process's matmul peak (the report's utilisation table)
+        m.update(mfu.utilisation(flops.block_train_flops(layer_params, width, seq_len, m["steps"],
+                                                         int(self.train["batch_size"])), m["seconds"], self.device))
         with self.building() as tmp:
             ztrain.save_weights(tmp / "block.safetensors", block.layer_state_dict())
             ztrain.save_weights(tmp / "init.safetensors", init_sd)

@@ -14,8 +14,15 @@ from zgcore.device import precision
 from zgcore.hashing import canonical, config_hash
 from zgcore.training.memory import PeakRSS
 
+from zgcore.atomic import write_json
+from zgcore.evaluation import flops
+from zgcore.training import mfu
+
 from .base import HIDDEN
 from .teacher import PrepareCorpus, _TeacherTask, teacher_record
+
+
+SHARD_METRICS = "metrics.json"  # in each BoundaryShard folder: its seconds, FLOPs and MFU
 
 
 def cache_settings(boundary) -> dict[str, Any]:
@@ -99,6 +106,10 @@ class BoundaryShard(_ShardTask):
                                            int(self.boundary["batch_size"]), self.cache_extra(rec),
                                            progress=lambda d, n: self.progress(d, n, f"teacher forward {d}/{n} sequences"),
                                            peak_rss=rss.stop, desc=self.title())
+            # the teacher forward's FLOPs against this process's matmul peak (the report's utilisation table)
+            write_json(tmp / SHARD_METRICS, {"seconds": r["build_seconds"], **mfu.utilisation(
+                flops.cache_build_flops(flops.decoder_parameters(model), len(rows), rows.shape[1], max(bs)),
+                r["build_seconds"], self.device)})
         self.log(f"built {r['hi'] - r['lo']} sequences in {r['build_seconds']:.1f} s")
 
 

@@ -1,32 +1,57 @@
 """The last stage of the experiment graph: Evaluate, the held-out report of one student (assembled,
-or healed when ``heal.steps`` > 0) against the teacher and the untrained student."""
+or healed when ``heal.steps`` > 0) against the teacher and the untrained student. It is a join: it
+reads the scoring tasks' outputs (:mod:`tasks.score`, :mod:`tasks.score_student`) and runs no model,
+so a one-block change scores the new student only."""
 from __future__ import annotations
 
 import json
 
 import luigi
 
-from zgcore.data import corpus
-from zgcore.evaluation import heldout_score, metrics, plots, report as zreport
-from zgcore.models.adapters import assemble
 from zgcore.atomic import write_json, write_text
-from zgcore.evaluation.flops import model_parameters
+from zgcore.data import corpus
+from zgcore.evaluation import flops, plots, report as zreport, utilisation
 from zgcore.evaluation.compare import SCORES, save_scores, scores_part, subset_digest
+from zgcore.evaluation.heldout_score import entry as extra_entry
+from zgcore.evaluation import metrics
 
-from .assemble import Assemble, _StudentTask
+from .assemble import _StudentTask
 from .base import HIDDEN
-from .blocks import load_blocks
 from .cache import TeacherBoundary
-from .heal import Heal
-from .heldout import held_out_tasks, read_held_out
+from .heldout import held_out_tasks
+from .score import METRICS, SCORES as SCORE_FILE, ScoreTeacher, ScoreUntrained
+from .score_student import SHIFT, BoundaryShift, ScoreAssembled, student_model_task
 from .teacher import PrepareCorpus
+
+MODELS = ("teacher", "untrained", "student")
+ECONOMICS_METHOD = ("Each job's time in the mode it ran in is measured; the other mode is projected from its measured "
+                    "compute time plus the teacher's forward time per batch up to the block's output boundary, taken "
+                    "from the cache build's own measured time per sequence (scaled by the FLOPs of the layers up to "
+                    "that boundary), not from another forward.")
+
+
+def score_tasks(task, held_out: dict | None = None) -> dict:
+    """The teacher's, the untrained student's and the student's scoring tasks of an evaluation task
+    (``Evaluate``) on the validation split's test rows (``held_out`` None) or one ``eval.extra`` corpus."""
+    kw = dict(teacher=task.teacher, corpus=task.corpus, eval=task.eval, held_out=held_out or {}, outputs=task.outputs,
+              device=task.device)
+    return {"teacher": ScoreTeacher(**kw),
+            "untrained": ScoreUntrained(boundary=task.boundary, blocks=task.blocks, **kw),
+            "student": ScoreAssembled(boundary=task.boundary, blocks=task.blocks, heal=task.heal, study=task.study_name(),
+                                      **kw)}
+
+
+def read_scores(tasks: dict) -> dict:
+    """``{key: scores.json}`` of finished scoring tasks."""
+    return {k: json.loads(t.checked(SCORE_FILE).read_text()) for k, t in tasks.items()}
 
 
 class Evaluate(_StudentTask):
     """Held-out cross-entropy of the teacher, the untrained student and the assembled student, on
     the validation split (a seeded random subset of ``eval.max_sequences`` rows when set) and on
-    every ``eval.extra`` corpus; writes ``report.json``, ``report.md`` (assembled by
-    :mod:`zgcore.evaluation.report`) and ``per_sequence_ce.json`` (:func:`zgcore.evaluation.compare.save_scores`)."""
+    every ``eval.extra`` corpus, joined from their scoring tasks; writes ``report.json``,
+    ``report.md`` (assembled by :mod:`zgcore.evaluation.report`, with the compute utilisation table
+    of :mod:`zgcore.evaluation.utilisation`) and ``per_sequence_ce.json`` (:func:`zgcore.evaluation.compare.save_scores`)."""
 
     # 2: random test subset (eval.max_sequences, eval.subset_seed), per-sequence CE, eval.extra corpora, comparisons
     # 3: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
@@ -34,22 +59,21 @@ class Evaluate(_StudentTask):
     #    parameters per decoder layer and LM head of the teacher and the student (for FLOPs)
     # 5: the document minimum for a verdict, eval.extra comparisons with documents, a random teacher's comparisons
     #    descriptive, the quality gate undefined where the gap is
+    #    and a join of the scoring tasks (same figures); the teacher's time per batch for the cache economics from the
+    #    cache build's measurement; the compute utilisation table ("mfu")
     code_version = 5
+    uses_device = False  # reads scores only
     eval = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="experiment", significant=False)
     heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,
                                description="heal section; steps > 0 evaluates the healed student (tasks.heal.Heal)")
 
     def requires(self):
-        kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                  study=self.study_name(), outputs=self.outputs, device=self.device)
-        if int(self.heal.get("steps", 0)):
-            student = Heal(heal=self.heal, **kw)  # the healed student takes the assembled one's place
-        else:
-            student = Assemble(**kw)
-        req = {"teacher": self.teacher_task(), "assemble": student,
+        req = {"scores": score_tasks(self), "assemble": student_model_task(self, self.heal),
+               "shift": BoundaryShift(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
+                                      eval=self.eval, study=self.study_name(), outputs=self.outputs, device=self.device),
                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs),
-               "blocks": self.block_tasks()}  # metrics.json, init/block weights and loss logs are read here
+               "blocks": self.block_tasks()}  # metrics.json and loss logs are read here
         if any(t["targets"] == "cached" for t in self.blocks):  # its manifest feeds the cache economics
             req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
                                            outputs=self.outputs, device=self.device)
@@ -57,8 +81,9 @@ class Evaluate(_StudentTask):
             from .logits import logit_store_task
 
             req["logits"] = logit_store_task(self, self.heal)
-        if held_out_tasks(self, self.eval):  # eval.extra: out-of-domain held-out corpora
-            req["extra"] = held_out_tasks(self, self.eval)
+        extra = held_out_tasks(self, self.eval)
+        if extra:  # eval.extra: out-of-domain held-out corpora, each scored for every model
+            req["extra"] = [score_tasks(self, dict(t.extra)) for t in extra]
         return req
 
     def own_config(self):
@@ -68,51 +93,122 @@ class Evaluate(_StudentTask):
         return "report"
 
     def run(self):
-        import torch
-        from transformers import AutoModelForCausalLM
-
         req = self.requires()
-        rec, (teacher, tok) = self.load_teacher()
         val_all = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
         rows = metrics.eval_subset(len(val_all), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
         val = val_all[rows]
-        docs = corpus.read_documents(req["corpus"].out_dir / "tokens.h5", "val")
-        docs = None if docs is None else docs[rows]
-        model_dir = req["assemble"].out_dir / "model"
-        student = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
-        untrained = assemble(teacher, load_blocks(teacher, req["blocks"], "init"))
-        models = (("teacher", teacher), ("untrained", untrained), ("student", student))
-        ce, cu, per_seq = metrics.held_out(models, val, self.eval, self.progress)
-        extra, extra_scores = heldout_score.score([(json.loads((t.out_dir / "meta.json").read_text()), read_held_out(t))
-                                             for t in req.get("extra", [])], models, self.eval)
-        ids = tok("The", return_tensors="pt").input_ids.to(self.device)
-        sample = tok.decode(student.generate(ids, max_new_tokens=24, do_sample=False)[0], skip_special_tokens=True)
+        sc = read_scores(req["scores"])
+        docs = sc["teacher"].get("documents")
+        per_seq = {k: as_floats(sc[k]["ce"][k]) for k in MODELS}
+        ce = {k: float(v.mean()) for k, v in per_seq.items()}
+        cu = {k: sc[k]["context_use"] for k in MODELS if sc[k]["context_use"] is not None}
+        extra, extra_scores = [], {}
+        for tasks in req.get("extra", []):
+            es = read_scores(tasks)
+            part = scores_part({k: es[k]["ce"][k] for k in MODELS}, es["teacher"]["rows"])
+            extra_scores[es["teacher"]["name"]] = part
+            extra.append(extra_entry(es["teacher"], part))
         blocks = [json.loads((t.out_dir / "metrics.json").read_text()) for t in req["blocks"]]
         bounds = [b["start"] for b in blocks] + [blocks[-1]["end"]]
-        n_shift = min(int(self.eval["context_sequences"]) or 4, len(val))
+        shift = json.loads(req["shift"].checked(SHIFT).read_text())
+        parameters = {k: sc[k]["parameters"] for k in ("teacher", "student")}
         report = zreport.experiment_report(
             {"name": self.name, "teacher": self.teacher, "boundaries": bounds, "seq_len": int(val.shape[1]),
              "val_sequences": int(len(val)), "val_tokens": int(val.size), "cross_entropy": ce,
              "subset": {"sequences": int(len(rows)), "of": int(len(val_all)), "seed": int(self.eval["subset_seed"]),
                         "sha256": subset_digest(rows)}, "extra": extra,
-             "layers": {k: m.config.get_text_config().num_hidden_layers for k, m in models},
-             "parameters": {k: model_parameters(m) for k, m in models if k != "untrained"},
-             "blocks": blocks, "model_dir": str(model_dir), "sample": sample, "context_use": cu,
+             "layers": {k: sc[k]["layers"] for k in MODELS}, "parameters": parameters,
+             "blocks": blocks, "model_dir": sc["student"]["model_dir"], "sample": sc["student"]["sample"], "context_use": cu,
              "heal_steps": int(self.heal.get("steps", 0)),
-             "comparisons": zreport.model_comparisons(per_seq, int(self.blocks[0]["seed"]), extra_scores, docs),
+             "comparisons": zreport.model_comparisons(per_seq, int(self.blocks[0]["seed"]), extra_scores,
+                                                      None if docs is None else as_ints(docs)),
              "context_window": int(self.eval["context_window"]), "context_sequences": min(int(self.eval["context_sequences"]), len(val)),
-             "shift": metrics.boundary_shift(teacher, load_blocks(teacher, req["blocks"], "block"), bounds, val[:n_shift])},
+             "shift": shift},
             self.eval)
+        manifest = None
         if "cache" in req:
             manifest = json.loads((req["cache"].out_dir / "manifest.json").read_text())
             report["economics"] = zreport.economics(manifest, blocks, [t["batch_size"] for t in self.blocks],
-                                                    lambda s, e, b: metrics.teacher_forward_seconds(teacher, val, s, e, b))
+                                                    build_time_per_batch(manifest, parameters["teacher"], int(val.shape[1]),
+                                                                         bounds[-1]))
+            report["economics"]["method"] = ECONOMICS_METHOD
         if "logits" in req:
             report["logit_store"] = zreport.logit_store_cost(json.loads((req["logits"].out_dir / "manifest.json").read_text()))
+        report["mfu"] = self.phases(req, blocks, parameters, manifest, int(val.shape[1]), bounds[-1])
         with self.building() as tmp:
             write_json(tmp / "report.json", report)
-            write_text(tmp / "report.md", zreport.report_markdown(report))
-            save_scores(tmp / SCORES, scores_part(per_seq, rows, docs), extra_scores)
+            write_text(tmp / "report.md", zreport.report_markdown(report) + "\n" + utilisation.markdown(report["mfu"]))
+            save_scores(tmp / SCORES, scores_part(per_seq, rows, None if docs is None else as_ints(docs)), extra_scores)
             plots.loss_curves([(f"block {t.block}", t.out_dir / "loss_log.csv") for t in req["blocks"]], tmp / "loss_curves.png")
             plots.drift(report["shift"], tmp / "drift.png")
         print(f"\nReport: {self.out_dir / 'report.md'}\n{zreport.summary_line(report)}", flush=True)
+
+    def phases(self, req, blocks, parameters, manifest, seq_len, last) -> list[dict]:
+        """The compute utilisation rows (:mod:`zgcore.evaluation.utilisation`): cache build, each
+        block, healing, then every scoring task, each from its own ``metrics.json``."""
+        from zgcore.training.mfu import probe
+
+        here = lambda: probe(self.device)  # noqa: E731 (measured only for outputs that recorded no peak)
+        rows = []
+        if manifest:
+            rows.append(_cache_phase(req["cache"], manifest, parameters["teacher"], seq_len, last, here))
+        at, width = 0, parameters["student"]["width"]
+        for b, t in zip(blocks, self.blocks):
+            n = len(b["kept"])
+            work = flops.block_train_flops(parameters["student"]["layers"][at: at + n], width, seq_len, b["steps"],
+                                           int(t["batch_size"]))
+            at += n
+            rows.append(utilisation.from_metrics(f"block {b['block']}", b, here, work))
+        if int(self.heal.get("steps", 0)):
+            m = json.loads((req["assemble"].out_dir / "metrics.json").read_text())
+            teacher = None if self.heal.get("targets") == "cached" else parameters["teacher"]
+            work = flops.heal_flops(seq_len, teacher, parameters["student"], m["steps"], int(self.heal["batch_size"]),
+                                    store_sequences=None if teacher is not None else 0)["total"]
+            rows.append(utilisation.from_metrics("healing", m, here, work))
+        scoring = [req["scores"]] + req.get("extra", [])
+        for tasks in scoring:
+            for k, t in tasks.items():
+                rows.append(utilisation.from_metrics(f"scoring {t.label()}", json.loads(t.checked(METRICS).read_text()), here))
+        rows.append(utilisation.from_metrics("scoring boundary shift", json.loads(req["shift"].checked(METRICS).read_text()), here))
+        return rows
+
+
+def _cache_phase(cache, manifest, teacher, seq_len: int, last: int, here) -> dict:
+    """The cache build's row: its shards' seconds and FLOPs summed, against the first shard's own
+    peak (every shard of one build runs on one kind of device); the report's peak and counted FLOPs
+    for a cache built before shards recorded them."""
+    from .cache import SHARD_METRICS
+
+    recs = [t.out_dir / SHARD_METRICS for t in cache.shard_tasks() or []]
+    if recs and all(p.is_file() for p in recs):
+        ms = [json.loads(p.read_text()) for p in recs]
+        return utilisation.phase("cache build", sum(m["seconds"] for m in ms), sum(m["flops"] for m in ms), ms[0]["peak"])
+    work = flops.cache_build_flops(teacher, int(manifest["n_train"]) + int(manifest["n_val"]), seq_len, last)
+    return utilisation.phase("cache build", float(manifest["build_seconds"]), work, here(), "report")
+
+
+def as_floats(values):
+    """A per-sequence CE list as float64 ``[n]`` (JSON keeps every float64 exactly)."""
+    import numpy as np
+
+    return np.asarray(values, dtype=np.float64)
+
+
+def as_ints(values):
+    """Document ids as int64 ``[n]``."""
+    import numpy as np
+
+    return np.asarray(values, dtype=np.int64)
+
+
+def build_time_per_batch(manifest, teacher, seq_len: int, last: int):
+    """``(start, end, batch_size) -> s``: the teacher's forward time for one batch up to boundary
+    ``end``, from the cache build's own measurement (``build_seconds`` over its sequences, each
+    through the first ``last`` layers), scaled by the FLOPs of the first ``end`` layers over those of ``last``."""
+    per_seq = float(manifest["build_seconds"]) / (int(manifest["n_train"]) + int(manifest["n_val"]))
+    full = flops.layers_forward(teacher["layers"][:last], seq_len, teacher["width"])
+
+    def seconds(start: int, end: int, batch_size: int) -> float:
+        return per_seq * batch_size * flops.layers_forward(teacher["layers"][:end], seq_len, teacher["width"]) / full
+
+    return seconds

@@ -9,6 +9,8 @@ import luigi
 
 from zgcore.data import corpus
 from zgcore.training import distill as zdistill
+from zgcore.evaluation import flops
+from zgcore.training import mfu
 from zgcore.atomic import write_json
 from zgcore.training.loop import FINAL_STATE, LOSS_LOG
 from zgcore.training.memory import PeakRSS
@@ -81,10 +83,18 @@ class _DistillTask(Resumable, _StudentTask):
             tokens = corpus.read_tokens(self.corpus_task().out_dir / "tokens.h5", "train")
             student, pairs, extra = self.start_student(teacher)
             h = self.settings()
+            seq_len = int(self.corpus["seq_len"])
+            # training FLOPs per token: the student forward and backward, the teacher's forward when it runs online
+            par = (flops.model_parameters(student), flops.model_parameters(teacher) if teacher is not None else None)
+            cost = lambda steps, batch: flops.heal_flops(seq_len, par[1], par[0], steps, batch,  # noqa: E731
+                                                         store_sequences=None if par[1] is not None else 0)["total"]
+            per_token = cost(1, 1) / seq_len
             m = zdistill.distill(student, teacher, tokens, h, int(h["steps"]), int(h["seed"]), self.work_dir, self.uid,
                                  pairs=pairs, name=self.title(), section=self.section,
                                  progress=lambda s, n, v: self.progress(s, n, f"step {s}/{n} loss {v[0]:.4f}"),
-                                 callbacks=self.watchers(h.get("tensorboard", True)), store=store)
+                                 callbacks=self.watchers(h.get("tensorboard", True), per_token), store=store)
+            m.update(mfu.utilisation(cost(m["steps"], int(h["batch_size"])), m["seconds"],
+                                     self.device))
         with self.building() as tmp:
             student.save_pretrained(tmp / "model")
             tok.save_pretrained(tmp / "model")

@@ -19,46 +19,34 @@ from zgcore.models.adapters import build_block
 from zgcore.models.hetero import assemble_exact, save_student
 from zgcore.training import blocks as ztrain
 
-from . import search
+from . import score, search
 from .assemble import _StudentTask
 from .base import HIDDEN, ZGTask
 from .blocks import TrainBlock, load_blocks
 from .cache import TeacherBoundary
 from .heldout import held_out_tasks, read_held_out
+from .score import ScoreTeacher
 from .teacher import PrepareCorpus, _TeacherTask
 
 CANDIDATE = "candidate.json"
 BATCH = 8  # sequences per forward when scoring on the tuning rows
 
 
-class ScoreTeacher(_TeacherTask):
-    """The teacher's held-out cross-entropy (nats/token) on the tuning rows (the validation
-    sequences outside the test subset): the reference every candidate's in-context CE is measured
-    against, computed once. Writes ``teacher_ce.json`` ``{"ce", "sequences"}``."""
+def teacher_tune_score(task, tune) -> ScoreTeacher:
+    """The teacher's held-out CE on the tuning rows (the validation sequences outside the test
+    subset ``tune``): the reference every candidate's in-context CE is measured against, the same
+    :class:`tasks.score.ScoreTeacher` task for every library on one outputs folder."""
+    return ScoreTeacher(teacher=task.teacher, corpus=task.corpus, rows="tune", outputs=task.outputs, device=task.device,
+                        eval={"batch_size": BATCH, "max_sequences": int(tune["max_sequences"]),
+                              "subset_seed": int(tune["subset_seed"])})
 
-    corpus = luigi.DictParameter(visibility=HIDDEN)
-    tune = luigi.DictParameter(visibility=HIDDEN, description="the test subset's settings {max_sequences, subset_seed}")
 
-    def requires(self):
-        return {"teacher": self.teacher_task(),
-                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+def score_mean(task: ScoreTeacher) -> float:
+    """A finished scoring task's mean held-out CE (nats/token): the mean of its per-sequence CE."""
+    import numpy as np
 
-    def own_config(self):
-        return {"tune": dict(self.tune)}
-
-    def label(self):
-        return "teacher-tune-ce"
-
-    def run(self):
-        _rec, (teacher, _tok) = self.load_teacher()
-        val = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "val")
-        rows = search.tune_rows(len(val), dict(self.tune), "the library's candidate scores")
-        ce = metrics.cross_entropy(teacher, val[rows], BATCH, desc="CE teacher (tuning rows)")
-        if not math.isfinite(ce):
-            raise ValueError(f"the teacher's held-out CE on the tuning rows is not finite ({ce})")
-        with self.building() as tmp:
-            write_json(tmp / "teacher_ce.json", {"ce": ce, "sequences": len(rows)})
-        self.log(f"teacher CE {ce:.4f} nats/token on {len(rows)} tuning sequences")
+    d = json.loads(task.checked(score.SCORES).read_text())
+    return float(np.asarray(d["ce"][task.key], dtype=np.float64).mean())
 
 
 class ScoreCandidate(_TeacherTask):
@@ -81,8 +69,7 @@ class ScoreCandidate(_TeacherTask):
     def requires(self):
         req = {"block": self.block_task(), "teacher": self.teacher_task(),
                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs),
-               "teacher_ce": ScoreTeacher(teacher=self.teacher, corpus=self.corpus, tune=self.tune, outputs=self.outputs,
-                                          device=self.device)}
+               "teacher_ce": teacher_tune_score(self, self.tune)}
         if self.train["targets"] == "cached":
             req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
                                            outputs=self.outputs, device=self.device)
@@ -106,7 +93,7 @@ class ScoreCandidate(_TeacherTask):
         model = assemble_exact(teacher, parts)
         val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
         rows = search.tune_rows(len(val), dict(self.tune), f"the library's candidate scores (block {self.block})")
-        ce_teacher = json.loads((req["teacher_ce"].out_dir / "teacher_ce.json").read_text())["ce"]
+        ce_teacher = score_mean(req["teacher_ce"])
         ce = metrics.cross_entropy(model, val[rows], BATCH, desc=f"CE candidate {self.label()}")
         block_loss = None
         if "cache" in req:

@@ -37,13 +37,22 @@ class Resumable:
         family = f"{study}/{self.get_task_family()}" if study else self.get_task_family()
         return tensorboard_dir(self.outputs, family, self.out_dir.name)
 
-    def watchers(self, tensorboard: bool) -> list:
+    def watchers(self, tensorboard: bool, flops_per_token: float | None = None) -> list:
         """The :class:`zgcore.training.loop.TrainLoop` callbacks of this task's run: a
         :class:`zgcore.training.watch.TensorBoardWatch` writing to :attr:`tensorboard_dir` when
-        ``tensorboard`` (the configuration's switch, never hashed) is true, else none."""
+        ``tensorboard`` (the configuration's switch, never hashed) is true, else none. Given the
+        run's training ``flops_per_token``, it also draws ``throughput/mfu`` against this process's
+        matmul peak (:func:`zgcore.training.mfu.probe`)."""
         from zgcore.training.watch import TensorBoardWatch
 
-        return [TensorBoardWatch(self.tensorboard_dir)] if tensorboard else []
+        if not tensorboard:
+            return []
+        peak = None
+        if flops_per_token:
+            from zgcore.training.mfu import probe
+
+            peak = probe(str(getattr(self, "device", "cpu")))["peak_flops_per_second"]
+        return [TensorBoardWatch(self.tensorboard_dir, flops_per_token, peak)]
 
     def drop_work(self) -> None:
         """Remove the work folder (after the output is complete)."""

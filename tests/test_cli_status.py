@@ -41,7 +41,7 @@ def test_status_words(built, tmp_path):
     out = tmp_path / "o"
     subprocess.run(["cp", "-a", str(built), str(out)], check=True)
     code, rows = _status(out)
-    assert code == 0 and set(rows.values()) == {"done"} and len(rows) == 9
+    assert code == 0 and set(rows.values()) == {"done"} and len(rows) == 13
 
     # another learning rate: the blocks and what follows were never built for it -> missing, not stale
     code, rows = _status(out, tiny_cfg(**{"train.lr": 0.01}))
@@ -163,7 +163,7 @@ def test_threads_follow_the_model_size_the_cores_and_the_overrides(tmp_path):
 
 def test_each_task_logs_its_thread_count(built, tmp_path):
     out = tmp_path / "o"
-    cfg = tiny_cfg(**{"train.lr": 0.02})  # new blocks: TrainBlock, Assemble and Evaluate run
+    cfg = tiny_cfg(**{"train.lr": 0.02})  # new blocks: TrainBlock, Assemble, the student's scoring and Evaluate run
     env = {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}
     subprocess.run(["cp", "-a", str(built), str(out)], check=True)
     r = subprocess.run(_luigi(out, cfg=cfg), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -171,7 +171,7 @@ def test_each_task_logs_its_thread_count(built, tmp_path):
     assert "corpus={" not in r.stderr and "blocks=[" not in r.stderr  # no parameter JSON in Luigi's INFO lines
     assert "running   Evaluate(report-" in r.stderr  # Luigi's log lines name a task by its folder
     lines = [x for x in r.stdout.splitlines() if "torch thread(s)" in x]
-    assert len(lines) == 4 and all("] 1 torch thread(s) (0.04M parameters" in x for x in lines), lines
+    assert len(lines) == 6 and all("] 1 torch thread(s) (0.04M parameters" in x for x in lines), lines
     r = subprocess.run(_luigi(out, "--zerograph-threads", "2", cfg=tiny_cfg(**{"train.lr": 0.03})), cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "] 2 torch thread(s) ([zerograph] threads)" in r.stdout, r.stderr[-3000:]
@@ -202,5 +202,5 @@ def test_a_bad_thread_setting_is_one_warning_line(tmp_path):
                        env={**ENV, "OMP_NUM_THREADS": "many"}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     warned = [x for x in r.stdout.splitlines() if "warning: OMP_NUM_THREADS must be a positive integer" in x]
-    # one per task start (TeacherBoundary starts twice: it yields its shards, then joins them)
-    assert len(warned) == 10 and "torch thread(s) (" not in r.stdout and "Traceback" not in r.stderr, r.stdout[-3000:]
+    # one per task start (TeacherBoundary starts twice: it yields its shards, then joins them; four scoring tasks)
+    assert len(warned) == 14 and "torch thread(s) (" not in r.stdout and "Traceback" not in r.stderr, r.stdout[-3000:]

@@ -22,7 +22,8 @@ def test_whole_graph_runs_and_student_loads_and_generates(family, tmp_path, run_
     # is tokenised: Luigi's dynamic requirements), then joins them
     assert sorted(f for f, _ in ran) == sorted(["PrepareTeacher", "PrepareCorpus", "BoundaryShard", "BoundaryShard",
                                                  "TeacherBoundary", "TeacherBoundary", "TrainBlock", "TrainBlock",
-                                                 "Assemble", "Evaluate", "RunExperiment"])
+                                                 "Assemble", "ScoreTeacher", "ScoreUntrained", "ScoreAssembled",
+                                                 "BoundaryShift", "Evaluate", "RunExperiment"])
     ev = build_experiment(load_config(overrides=tiny_cfg(f"tiny-{family}"), preset=""), out)
     report = json.loads((ev.out_dir / "report.json").read_text())
     assert set(report["cross_entropy"]) == {"teacher", "untrained", "student"}
@@ -53,15 +54,16 @@ def test_incremental_rebuilds(tmp_path, run_graph):
     out = str(tmp_path)
     cfg = tiny_cfg()
     ok, ran = run_graph(RunExperiment(preset="", set=cfg, outputs=out))
-    assert ok and len(ran) == 11  # TeacherBoundary starts twice (dynamic shards)
+    assert ok and len(ran) == 15  # TeacherBoundary starts twice (dynamic shards)
     # unchanged: nothing but the wrapper runs
     ok, ran = run_graph(RunExperiment(preset="", set=cfg, outputs=out))
     assert ok and ran == []
-    # one block's learning rate: exactly that block, Assemble and Evaluate
+    # one block's learning rate: exactly that block, Assemble, the new student's scoring and the Evaluate join
     ok, ran = run_graph(RunExperiment(preset="", set=cfg + " blocks.1.lr=0.002", outputs=out))
     assert ok
     assert sorted(x for x in ran if x[0] != "RunExperiment") == sorted(
-        [("TrainBlock", "block1-clean-cached-s0"), ("Assemble", "student"), ("Evaluate", "report")])
+        [("TrainBlock", "block1-clean-cached-s0"), ("Assemble", "student"), ("ScoreAssembled", "student-val"),
+         ("BoundaryShift", "shift"), ("Evaluate", "report")])
 
 
 def test_key_order_and_int_float_in_files_do_not_rebuild(tmp_path, run_graph):
@@ -73,7 +75,7 @@ def test_key_order_and_int_float_in_files_do_not_rebuild(tmp_path, run_graph):
     b.write_text("train: {epochs: 1.0, lr: 0.001, max_steps: 4.0, n_layers: 1}\nboundary: {num_blocks: 2}\n"
                  "corpus: {max_tokens: 3072, seq_len: 32}\nteacher: tiny-llama\n")
     ok, ran = run_graph(RunExperiment(preset="", config=str(a), outputs=out))
-    assert ok and len(ran) == 11  # TeacherBoundary starts twice (dynamic shards)
+    assert ok and len(ran) == 15  # TeacherBoundary starts twice (dynamic shards)
     ok, ran = run_graph(RunExperiment(preset="", config=str(b), outputs=out))
     assert ok and [x for x in ran if x[0] != "RunExperiment"] == []
 
@@ -87,7 +89,7 @@ def test_status_cli_reports_done_and_missing(tmp_path, run_graph):
     assert r.exit_code == 1 and " missing " in r.stdout and " done " not in r.stdout
     assert run_graph(RunExperiment(preset="", set=cfg, outputs=out))[0]
     r = CliRunner().invoke(app, ["status", "--preset", "", "--set", cfg, "--outputs", out])
-    assert r.exit_code == 0 and " missing " not in r.stdout and r.stdout.count(" done ") == 9
+    assert r.exit_code == 0 and " missing " not in r.stdout and r.stdout.count(" done ") == 13
     ev = build_experiment(load_config(overrides=cfg, preset=""), out)
     assert {task_state(t) for t in walk(ev)} == {"done"}
     changed = build_experiment(load_config(overrides=cfg + " blocks.0.lr=0.005", preset=""), out)
@@ -131,10 +133,12 @@ def test_bad_config_fails_before_any_task(tmp_path):
 
 def test_readme_per_block_override_retrains_one_block_when_max_steps_is_set(tmp_path, run_graph):
     # README: --set "blocks.1.lr=1e-4 train.epochs=1" on the tiny preset (max_steps = 20 there, so epochs
-    # takes no effect and must not move any hash): exactly block 1 retrains, then Assemble and Evaluate
+    # takes no effect and must not move any hash): exactly block 1 retrains, then Assemble, the student's scoring
+    # and Evaluate
     out = str(tmp_path)
     assert run_graph(RunExperiment(preset="tiny", outputs=out))[0]
     ok, ran = run_graph(RunExperiment(preset="tiny", set="blocks.1.lr=1e-4 train.epochs=1", outputs=out))
     assert ok
     assert sorted(x for x in ran if x[0] != "RunExperiment") == sorted(
-        [("TrainBlock", "block1-clean-cached-s0"), ("Assemble", "student"), ("Evaluate", "report")])
+        [("TrainBlock", "block1-clean-cached-s0"), ("Assemble", "student"), ("ScoreAssembled", "student-val"),
+         ("BoundaryShift", "shift"), ("Evaluate", "report")])

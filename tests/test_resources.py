@@ -21,7 +21,8 @@ def test_cuda_tasks_claim_one_gpu(tmp_path, device):
         assert t.resources == want, t.task_id
         assert t.process_resources() == want  # what the worker sends to the scheduler
     claims = {t.get_task_family(): t.resources for t in tasks}
-    assert claims["TrainBlock"] == claims["Assemble"] == claims["Evaluate"] == {"gpu": 1}
+    assert claims["TrainBlock"] == claims["Assemble"] == claims["ScoreTeacher"] == claims["ScoreAssembled"] == {"gpu": 1}
+    assert claims["Evaluate"] == {}  # the join reads scores only
     assert claims["TeacherBoundary"] == {}  # the join reads shard records only
     from tasks.cache import BoundaryShard
 
@@ -42,7 +43,8 @@ def test_seed_summary_claims_no_gpu(tmp_path):
     root = tasks[-1]
     assert root.get_task_family() == "SeedSummary" and root.device == "cuda" and root.resources == {}
     evals = [t for t in tasks if t.get_task_family() == "Evaluate"]
-    assert len(evals) == 2 and all(t.resources == {"gpu": 1} for t in evals)
+    assert len(evals) == 2 and all(t.resources == {} for t in evals)  # joins: the scoring tasks hold the GPU
+    assert all(t.resources == {"gpu": 1} for t in tasks if t.get_task_family() == "ScoreAssembled")
 
 
 def test_a_task_that_raises_is_disabled_at_once_and_a_lost_workers_task_goes_to_another(tmp_path):

@@ -60,6 +60,7 @@ def test_objective_study_six_arms(tmp_path, run_graph):
     blk = next(tmp_path.glob("TrainBlock/block1-denoise-online-*/block.safetensors"))
     blk.write_bytes(blk.read_bytes()[:-4])
     ok, ran = run_graph(ObjectiveStudy(preset="", set=cfg, outputs=str(tmp_path)))
-    assert ok and sorted(f for f, _ in ran if f != "ObjectiveStudy") == ["Assemble", "Evaluate", "ObjectiveStudyReport",
+    assert ok and sorted(f for f, _ in ran if f != "ObjectiveStudy") == ["Assemble", "BoundaryShift", "Evaluate",
+                                                                       "ObjectiveStudyReport", "ScoreAssembled",
                                                                        "TrainBlock"]
     assert json.loads((root.out_dir / "report.json").read_text())["identical"]["denoise/s0"] is True

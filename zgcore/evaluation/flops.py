@@ -1,5 +1,8 @@
-"""Training FLOPs of the distillation study's arms: what each arm spent, beside its tokens and its
-student layer-token passes, so that "matched" can name the quantity it matches.
+"""The one FLOPs count of ZeroGraph's phases: the training FLOPs of the distillation study's arms
+(what each arm spent, beside its tokens and its student layer-token passes, so that "matched" can
+name the quantity it matches), and the FLOPs of each compute phase that the model FLOPs
+utilisation divides by its seconds (:mod:`zgcore.training.mfu`): the cache build, a block's
+training, healing, and scoring a model.
 
 Counting (Kaplan et al. 2020, "Scaling laws for neural language models", Table 1): a decoder
 layer's forward costs ``2 P + 2 T d`` FLOPs per token (``P`` its parameters, ``T`` the sequence
@@ -29,6 +32,16 @@ def model_parameters(model) -> dict[str, Any]:
     cfg = model.config.get_text_config()
     return {"layers": [int(sum(p.numel() for p in layer.parameters())) for layer in layers],
             "head": int(model.get_output_embeddings().weight.numel()), "width": int(cfg.hidden_size)}
+
+
+def decoder_parameters(model) -> dict[str, Any]:
+    """``{"layers": [P per decoder layer], "width": d}`` of a decoder stack with or without its LM
+    head (e.g. the teacher's base model the cache build runs)."""
+    from zgcore.models.adapters import adapter_for
+
+    layers = adapter_for(model).decoder_layers(model)
+    return {"layers": [int(sum(p.numel() for p in layer.parameters())) for layer in layers],
+            "width": int(model.config.get_text_config().hidden_size)}
 
 
 def layers_forward(params: Sequence[int], seq_len: int, width: int) -> int:
@@ -105,15 +118,17 @@ def add_flops(arms: Sequence[dict[str, Any]], seq_len: int, blockwise: Mapping[s
                                  cache_sequences=n_cache)
 
 
-def heal_flops(seq_len: int, teacher: Mapping[str, Any], student: Mapping[str, Any], steps: int, batch_size: int,
+def heal_flops(seq_len: int, teacher: Mapping[str, Any] | None, student: Mapping[str, Any], steps: int, batch_size: int,
                store_sequences: int | None = None) -> dict[str, Any]:
     """Training FLOPs of healing alone (end-to-end logit distillation of an assembled student):
     the student's forward and backward through every layer and its LM head at every step; the
     teacher's whole forward and LM head at every step (``store_sequences`` None: online targets) or
     once per stored sequence (a top-k logit store of ``store_sequences`` sequences, built once).
-    Same counting as :func:`arm_flops`. Returns ``{"student", "teacher", "total", "teacher_mode"}``."""
+    Same counting as :func:`arm_flops`. ``store_sequences = 0`` counts the healing run alone, its
+    store already built (``teacher`` may then be None: what a healing task's own MFU divides by).
+    Returns ``{"student", "teacher", "total", "teacher_mode"}``."""
     T = int(seq_len)
-    t_full = layers_forward(teacher["layers"], T, teacher["width"]) + 2 * teacher["head"]
+    t_full = layers_forward(teacher["layers"], T, teacher["width"]) + 2 * teacher["head"] if teacher else 0
     s_full = layers_forward(student["layers"], T, student["width"]) + 2 * student["head"]
     tokens = int(steps) * int(batch_size) * T
     stu = 3 * tokens * s_full
@@ -130,3 +145,34 @@ def blocks_training_flops(blocks: Sequence[Mapping[str, Any]], seq_len: int) -> 
     forward FLOPs per token). The teacher's forwards (the boundary cache, shared by every student
     built from these blocks) are not included."""
     return int(sum(3 * int(b["steps"]) * int(b["batch_size"]) * int(seq_len) * float(b["forward"]) for b in blocks))
+
+
+def forward_flops(par: Mapping[str, Any], tokens: int, seq_len: int) -> int:
+    """Forward FLOPs of a whole causal LM (:func:`model_parameters` ``par``: decoder layers and LM
+    head) over ``tokens`` tokens in sequences of ``seq_len``."""
+    return int(tokens) * (layers_forward(par["layers"], seq_len, par["width"]) + 2 * int(par["head"]))
+
+
+def scoring_flops(par: Mapping[str, Any], sequences: int, seq_len: int, context_sequences: int = 0,
+                  window: int = 0) -> int:
+    """FLOPs of scoring one model (:func:`model_parameters` ``par``): the CE forward over
+    ``sequences`` rows of ``seq_len`` tokens, and for context use (``context_sequences`` > 0,
+    :func:`zgcore.evaluation.metrics.context_use`) per sequence one more full forward and
+    ``seq_len - seq_len // 2`` forwards of ``window`` tokens."""
+    out = forward_flops(par, sequences * seq_len, seq_len)
+    if context_sequences:
+        half = seq_len - seq_len // 2
+        out += context_sequences * (forward_flops(par, seq_len, seq_len) + forward_flops(par, half * window, window))
+    return int(out)
+
+
+def block_train_flops(layer_params: Sequence[int], width: int, seq_len: int, steps: int, batch_size: int) -> int:
+    """Training FLOPs of one student block (decoder layers of ``layer_params`` parameters each):
+    three forwards (forward and backward) per token over ``steps`` steps of ``batch_size`` sequences."""
+    return 3 * int(steps) * int(batch_size) * int(seq_len) * layers_forward(layer_params, seq_len, width)
+
+
+def cache_build_flops(teacher: Mapping[str, Any], sequences: int, seq_len: int, last: int) -> int:
+    """FLOPs of the boundary cache build: ``sequences`` rows through the teacher's first ``last``
+    decoder layers (never its LM head)."""
+    return int(sequences) * int(seq_len) * layers_forward(teacher["layers"][: int(last)], seq_len, teacher["width"])

@@ -69,3 +69,12 @@ def score(corpora: list[tuple[Mapping[str, Any], np.ndarray]], models, eval_cfg:
                         "of": int(len(all_rows)), "tokens": int(rows.size), "subset_sha256": part["subset_sha256"],
                         "cross_entropy": {k: float(v.mean()) for k, v in per_seq.items()}})
     return entries, parts
+
+
+def entry(scored: Mapping[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
+    """One corpus's report entry (as :func:`score` returns) from a scoring task's record ``scored``
+    (``name``, ``source``, ``of``, ``tokens``) and the part (:func:`zgcore.evaluation.compare.scores_part`)
+    of every model's per-sequence CE on it."""
+    return {"name": scored["name"], "source": scored["source"], "sequences": int(part["sequences"]), "of": int(scored["of"]),
+            "tokens": int(scored["tokens"]), "subset_sha256": part["subset_sha256"],
+            "cross_entropy": {k: float(np.asarray(v, dtype=np.float64).mean()) for k, v in part["ce"].items()}}

@@ -26,10 +26,15 @@ class TensorBoardWatch:
     or the objective's unit; NaN values are skipped), ``lr``, ``grad_norm`` (one group) or
     ``grad_norm/group<j>`` (several, before clipping), ``throughput/tokens_per_s`` (token
     positions of the step's batch over the step's wall time, waiting for data included) and
-    ``throughput/data_wait_fraction`` (share of the step's wall time spent waiting for its batch).
+    ``throughput/data_wait_fraction`` (share of the step's wall time spent waiting for its batch)
+    and, given ``flops_per_token`` and ``peak``, ``throughput/mfu`` (the step's achieved FLOP/s over
+    ``peak``; :mod:`zgcore.training.mfu`).
 
     Args:
         log_dir: the run's folder (created at the first step).
+        flops_per_token: training FLOPs per token position of the step's batch
+            (:mod:`zgcore.evaluation.flops` counts them), or None (no MFU curve).
+        peak: the peak FLOP/s of this process (:func:`zgcore.training.mfu.probe`), or None.
 
     The writer is opened lazily at the first step, so a run that fails before training writes
     nothing, and is closed by :meth:`close` (the loop calls it at its end). A resumed run (first
@@ -38,8 +43,9 @@ class TensorBoardWatch:
     that checkpoint were flushed before it was written (:meth:`flush`).
     """
 
-    def __init__(self, log_dir: str | os.PathLike):
+    def __init__(self, log_dir: str | os.PathLike, flops_per_token: float | None = None, peak: float | None = None):
         self.log_dir = Path(log_dir)
+        self.flops_per_token, self.peak = flops_per_token, peak
         self._writer = None
         self._off = False
 
@@ -69,6 +75,8 @@ class TensorBoardWatch:
         if info.seconds > 0:
             w.add_scalar("throughput/tokens_per_s", info.tokens / info.seconds, s)
             w.add_scalar("throughput/data_wait_fraction", info.data_seconds / info.seconds, s)
+            if self.flops_per_token and self.peak:
+                w.add_scalar("throughput/mfu", info.tokens * self.flops_per_token / info.seconds / self.peak, s)
 
     def flush(self) -> None:
         """Write every event recorded so far to disk (the loop calls it before each checkpoint)."""

@@ -1,0 +1,108 @@
+"""The student's side of scoring: :class:`ScoreAssembled` (the assembled or healed student on
+one held-out set, keyed by its assembly) and :class:`BoundaryShift` (each trained block off the
+teacher's trajectory and the student chain's drift, keyed by the trained blocks). See
+:mod:`tasks.score` for the teacher's and the untrained student's."""
+from __future__ import annotations
+
+import json
+import time
+
+import luigi
+
+from zgcore.atomic import write_json
+from zgcore.data import corpus
+from zgcore.evaluation import flops, metrics
+from zgcore.training import mfu
+
+from .assemble import Assemble, _StudentTask
+from .base import HIDDEN
+from .blocks import load_blocks
+from .heal import Heal
+from .score import METRICS, _Score
+from .teacher import PrepareCorpus
+
+SHIFT = "shift.json"
+SAMPLE_TOKENS = 24  # greedy tokens the student generates after "The" (the report's sample)
+
+
+def student_model_task(task, heal) -> Assemble | Heal:
+    """The student ``task`` (a ``_StudentTask``) evaluates: the healed one when ``heal.steps`` > 0,
+    else the assembled one."""
+    kw = dict(teacher=task.teacher, corpus=task.corpus, boundary=task.boundary, blocks=task.blocks,
+              study=task.study_name(), outputs=task.outputs, device=task.device)
+    return Heal(heal=heal, **kw) if int(heal.get("steps", 0)) else Assemble(**kw)
+
+
+class ScoreAssembled(_Score, _StudentTask):
+    """The assembled student's (or, with ``heal.steps`` > 0, the healed student's) scores on one
+    held-out set; on the test rows of the validation split also the greedy sample the report
+    shows (``sample``: :data:`SAMPLE_TOKENS` tokens after "The"). Keyed by the student's assembly."""
+
+    key = "student"
+    heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,
+                               description="heal section; steps > 0 scores the healed student (tasks.heal.Heal)")
+
+    def model_requires(self):
+        return {"model": student_model_task(self, self.heal)}
+
+    def label(self):
+        return ("healed-" if int(self.heal.get("steps", 0)) else "") + super().label()
+
+    def load_model(self):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        folder = self.model_requires()["model"].out_dir / "model"
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(self.device)
+
+    def extra_outputs(self, model, tokens):
+        if not self.in_domain_test():
+            return {}
+        from .teacher import teacher_tokenizer
+
+        tok = teacher_tokenizer(self.teacher_task())
+        ids = tok("The", return_tensors="pt").input_ids.to(self.device)
+        out = model.generate(ids, max_new_tokens=SAMPLE_TOKENS, do_sample=False)[0]
+        return {"sample": tok.decode(out, skip_special_tokens=True),
+                "model_dir": str(self.model_requires()["model"].out_dir / "model")}
+
+
+class BoundaryShift(_StudentTask):
+    """Each trained block's output error on the teacher's inputs, on the student chain's and on
+    noisy ones, the chain's drift from the teacher at every boundary, and the teacher's massive
+    activations (:func:`zgcore.evaluation.metrics.boundary_shift`) on the first
+    ``eval.context_sequences`` (4 when 0) test rows; ``shift.json``. Keyed by the trained blocks."""
+
+    eval = luigi.DictParameter(visibility=HIDDEN, description="the eval settings (rows and context_sequences hashed)")
+
+    def requires(self):
+        return {"teacher": self.teacher_task(), "blocks": self.block_tasks(),
+                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+
+    def own_config(self):
+        return {"eval": {k: int(self.eval[k]) for k in ("max_sequences", "subset_seed", "context_sequences")}}
+
+    def label(self):
+        return "shift"
+
+    def run(self):
+        req = self.requires()
+        _rec, (teacher, _tok) = self.load_teacher()
+        val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
+        val = val[metrics.eval_subset(len(val), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))]
+        blocks = [json.loads(t.checked("metrics.json").read_text()) for t in req["blocks"]]
+        bounds = [b["start"] for b in blocks] + [blocks[-1]["end"]]
+        rows = val[: min(int(self.eval["context_sequences"]) or 4, len(val))]
+        trained = load_blocks(teacher, req["blocks"], "block")
+        t0 = time.perf_counter()
+        shift = metrics.boundary_shift(teacher, trained, bounds, rows)
+        seconds = time.perf_counter() - t0
+        # the teacher to the last boundary once; every block on the teacher's, the chain's and each noisy input
+        par, T = flops.model_parameters(teacher), rows.shape[1]
+        student = [sum(p.numel() for p in layer.parameters()) for b in trained for layer in b.layers]
+        work = int(rows.size) * (flops.layers_forward(par["layers"][: bounds[-1]], T, par["width"])
+                                 + (2 + len(shift["scales"])) * flops.layers_forward(student, T, par["width"]))
+        with self.building() as tmp:
+            write_json(tmp / SHIFT, shift)
+            write_json(tmp / METRICS, {"seconds": seconds, **mfu.utilisation(work, seconds, self.device)})
+        self.log("drift " + ", ".join(f"b{d['boundary']}: {d['relative_error']:.4f}" for d in shift["drift"]))
