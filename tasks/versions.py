@@ -96,7 +96,9 @@ def closure(start: str, root: Path = ROOT, graph: dict[str, set[str]] | None = N
 
 
 def families() -> dict[str, type]:
-    """Every concrete ZeroGraph task family, by name (classes whose name starts with ``_`` are bases)."""
+    """Every concrete ZeroGraph task family of this project, by name (classes whose name starts with
+    ``_`` are bases; a class defined outside ``tasks/`` and ``workflows/``, a test's dummy, is not
+    the project's and has no recorded code version)."""
     import pkgutil
 
     import tasks
@@ -108,7 +110,7 @@ def families() -> dict[str, type]:
     while todo:
         cls = todo.pop()
         todo += cls.__subclasses__()
-        if not cls.__name__.startswith("_"):
+        if not cls.__name__.startswith("_") and cls.__module__.split(".")[0] in ("tasks", "workflows"):
             out[cls.get_task_family()] = cls
     return dict(sorted(out.items()))
 
