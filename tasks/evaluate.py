@@ -113,4 +113,4 @@ class Evaluate(_StudentTask):
             save_scores(tmp / SCORES, scores_part(per_seq, rows, docs), extra_scores)
             plots.loss_curves([(f"block {t.block}", t.out_dir / "loss_log.csv") for t in req["blocks"]], tmp / "loss_curves.png")
             plots.drift(report["shift"], tmp / "drift.png")
-        print(f"\nReport: {self.out_dir / 'report.md'}\n{zreport.summary_line(report)}", flush=True)
+        self.log(zreport.summary_line(report))  # the run's `Report: <path>` line comes last (workflows/ending.py)

@@ -94,3 +94,44 @@ def test_a_teacher_folder_without_weights_or_tokenizer_fails_before_any_task(tmp
 def test_a_teacher_path_that_does_not_exist_is_named(tmp_path):
     with pytest.raises(ConfigError, match=f"teacher path {tmp_path}/nope does not exist"):
         load_config(overrides=f"teacher={tmp_path}/nope", preset="")
+
+
+def test_a_run_logs_one_line_per_task_and_ends_with_the_report(tmp_path):
+    """Outside a terminal a tiny run writes a line or so per task (no progress-bar redraws, none of
+    Luigi's INFO lines, no thread counts), and its last line is the report's path."""
+    ((code, log),) = run_all([luigi_cmd("--preset", "tiny", "--outputs", "o")], tmp_path)
+    lines = log.strip().splitlines()
+    assert code == 0 and lines[-1].startswith("Report: ") and lines[-1].endswith("/report.md"), log[-3000:]
+    assert len(lines) <= 12 and len(log) < 2000, log  # 9 tasks: 10 lines measured
+    assert not any(s in log for s in ("INFO:", "it/s", "step/s", "torch thread(s)", "Luigi Execution Summary")), log
+    assert any(x.startswith("[PrepareCorpus ") and "corpus pydoc: 4096 tokens" in x for x in lines), log
+
+
+def test_progress_in_a_log_file_is_a_few_lines_with_the_bars_figures(monkeypatch):
+    """LogLines: a line per tenth of the work, never two within the interval, a last one at the end."""
+    import io
+
+    from zgcore import progress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    bar = progress.LogLines(6000, "TrainBlock block0", "step", interval_s=30, file=out)
+    for step in range(6000):
+        clock[0] += 0.1  # 600 s in all: 20 intervals, 10 tenths
+        bar.update(1)
+        bar.set_postfix(loss=f"{1 / (step + 1):.4f}")
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 11, lines  # one per tenth after the first 30 s, and the last
+    assert lines[0].startswith("TrainBlock block0:  10% 600/6000 [01:00<09:00") and "10.00step/s" in lines[0], lines[0]
+    assert lines[-1].startswith("TrainBlock block0: 100% 6000/6000") and lines[-1].endswith("loss=0.0002]"), lines[-1]
+    quick = progress.LogLines(20, "CE teacher", "batch", file=out)  # a few seconds' bar writes nothing
+    for _ in range(20):
+        quick.update(1)
+    quick.close()
+    assert out.getvalue().splitlines() == lines
+    monkeypatch.setenv("ZG_PROGRESS", "bar")
+    assert progress.on_terminal(io.StringIO()) and not isinstance(progress.progress_bar(5, "x"), progress.LogLines)
+    monkeypatch.setenv("ZG_PROGRESS", "")
+    assert not progress.on_terminal(io.StringIO()) and isinstance(progress.progress_bar(5, "x"), progress.LogLines)
