@@ -135,3 +135,30 @@ def test_progress_in_a_log_file_is_a_few_lines_with_the_bars_figures(monkeypatch
     assert progress.on_terminal(io.StringIO()) and not isinstance(progress.progress_bar(5, "x"), progress.LogLines)
     monkeypatch.setenv("ZG_PROGRESS", "")
     assert not progress.on_terminal(io.StringIO()) and isinstance(progress.progress_bar(5, "x"), progress.LogLines)
+
+
+def test_a_heterogeneous_students_tokenizer_loads_without_remote_code(tmp_path):
+    """AutoTokenizer reads a library student's folder with no y/N question about its modelling code and
+    no "model of type" warning; the model itself still loads, with trust_remote_code, as its own class."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from zgcore.models.adapters import build_block
+    from zgcore.models.hetero import assemble_exact, save_student
+    from zgcore.models.teacher import build_tiny, byte_tokenizer
+
+    teacher = AutoModelForCausalLM.from_pretrained(build_tiny("llama", tmp_path / "teacher"), dtype=torch.float32).eval()
+    channels = [list(np.arange(64, dtype=float)[::-1]) for _ in range(4)]
+    blocks = [build_block(teacher, [0], "teacher", 0, intermediate_size=24, channels=channels),
+              build_block(teacher, [1, 2, 3], "teacher", 0, kv_heads=1)]
+    assert save_student(assemble_exact(teacher, blocks), byte_tokenizer(), tmp_path / "student")  # heterogeneous
+    code = ("import sys; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "tok = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+            "model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+            "print('ids', tok('hi')['input_ids'], type(model).__name__, [l.mlp.gate_proj.out_features for l in model.model.layers])")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "student")], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, env={**ENV, "HF_MODULES_CACHE": str(tmp_path / "modules")}, timeout=300)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0 and "ids [104, 105] ZGHeteroLlamaForCausalLM [24, 64, 64, 64]" in r.stdout, log[-3000:]
+    assert "custom code" not in log and "[y/N]" not in log and "model of type" not in log, log[-3000:]
