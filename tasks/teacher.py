@@ -122,7 +122,8 @@ class PrepareCorpus(_TeacherTask):
                                             log=self.log, cap_note=capped.append)
             write_json(tmp / "meta.json", meta)
         # the one line that names the corpus; with corpus.max_tokens it says which files filled it
-        self.log(f"corpus {self.corpus['source']}: {meta['tokens']} tokens"
+        src = self.corpus["source"]
+        self.log(f"corpus {', '.join(map(str, src)) if isinstance(src, (list, tuple)) else src}: {meta['tokens']} tokens"
                  + f" -> {meta['n_train']} train + {meta['n_val']} val sequences of {meta['seq_len']}"
                  + (f"; {meta['skipped_files']} unusable file(s) skipped" if meta["skipped_files"] else "")
                  + "".join(f"; {c}" for c in capped))
