@@ -102,7 +102,7 @@ def test_a_run_logs_one_line_per_task_and_ends_with_the_report(tmp_path):
     ((code, log),) = run_all([luigi_cmd("--preset", "tiny", "--outputs", "o")], tmp_path)
     lines = log.strip().splitlines()
     assert code == 0 and lines[-1].startswith("Report: ") and lines[-1].endswith("/report.md"), log[-3000:]
-    assert len(lines) <= 12 and len(log) < 2000, log  # 9 tasks: 10 lines measured
+    assert len(lines) <= 14 and len(log) < 2500, log  # 9 tasks, 2 of them training: 12 lines measured
     assert not any(s in log for s in ("INFO:", "it/s", "step/s", "torch thread(s)", "Luigi Execution Summary")), log
     assert any(x.startswith("[PrepareCorpus ") and "corpus pydoc: 4096 tokens" in x for x in lines), log
 

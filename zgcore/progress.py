@@ -8,12 +8,14 @@ postfix such as the loss) each time another tenth of the total is done, but neve
 :data:`LOG_INTERVAL_S` seconds, and a last line at the end if the bar ran that long. So a bar writes
 at most about 11 lines whatever its length, and a bar of a few seconds writes none.
 
-``ZG_PROGRESS=bar`` or ``ZG_PROGRESS=lines`` forces one or the other. :func:`quiet_library_bars`
+``ZG_PROGRESS=bar`` or ``ZG_PROGRESS=lines`` forces one or the other; ``TQDM_DISABLE=1`` (tqdm's own
+switch) silences both. :func:`quiet_library_bars`
 turns off the bars Hugging Face draws itself ("Loading weights", "Writing model shards") where
 ours are lines.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -97,6 +99,8 @@ class LogLines:
 def progress_bar(total: int, desc: str = "", unit: str = "it", initial: int = 0) -> tqdm | LogLines:
     """A progress display for ``total`` units: a tqdm bar redrawn at most every
     :data:`TERMINAL_INTERVAL_S` s on a terminal, else :class:`LogLines` (see the module docstring)."""
+    if os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes"):  # tqdm's own switch (the benchmarks set it)
+        return LogLines(total, desc, unit, initial, interval_s=math.inf)
     if on_terminal():
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, mininterval=TERMINAL_INTERVAL_S)
     return LogLines(total, desc, unit, initial)

@@ -252,6 +252,8 @@ class TrainLoop:
             NonFiniteError: a non-finite checked value. OSError: a checkpoint that cannot be read for an I/O reason.
         """
         start = self._resume()
+        if self.work and not start:  # a resumed run has said so; either way the log shows which worker took the run
+            print(f"{self.name}: training {self.steps} steps", flush=True)
         t0 = time.perf_counter()
         data_s = compute_s = 0.0
         it: Iterator[Any] = iter(batches(start))
