@@ -397,4 +397,3 @@ class DistillStudyReport(_StudentTask):
             write_json(tmp / "report.json", rep)
             save_scores(tmp / SCORES, scores_part(scores, rows, docs))
             write_text(tmp / "report.md", distill_report.markdown(rep))
-        print(f"\nReport: {self.out_dir / 'report.md'}\n\n" + distill_report.markdown(rep), flush=True)

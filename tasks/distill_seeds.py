@@ -53,4 +53,3 @@ class DistillSeedsReport(ZGTask):
         with self.building() as tmp:
             write_json(tmp / "report.json", rep)
             write_text(tmp / "report.md", distill_report.seeds_markdown(rep))
-        print(f"\nReport: {self.out_dir / 'report.md'}\n\n" + distill_report.seeds_markdown(rep), flush=True)

@@ -141,7 +141,7 @@ class Evaluate(_StudentTask):
             save_scores(tmp / SCORES, scores_part(per_seq, rows, None if docs is None else as_ints(docs)), extra_scores)
             plots.loss_curves([(f"block {t.block}", t.out_dir / "loss_log.csv") for t in req["blocks"]], tmp / "loss_curves.png")
             plots.drift(report["shift"], tmp / "drift.png")
-        print(f"\nReport: {self.out_dir / 'report.md'}\n{zreport.summary_line(report)}", flush=True)
+        self.log(zreport.summary_line(report))  # the run's `Report: <path>` line comes last (workflows/ending.py)
 
     def phases(self, req, blocks, parameters, manifest, seq_len, last) -> list[dict]:
         """The compute utilisation rows (:mod:`zgcore.evaluation.utilisation`): cache build, each

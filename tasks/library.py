@@ -159,6 +159,8 @@ class AssembleExact(_StudentTask):
     never a budget's, so budgets choosing the same candidates share it. Writes ``model/`` and
     ``assembled.json`` ``{"non_embedding_params", "heterogeneous"}``."""
 
+    code_version = 2  # 2: a heterogeneous folder's config.json says model_type "llama" (its tokenizer loads without remote code)
+
     def requires(self):
         return {"teacher": self.teacher_task(), "blocks": self.block_tasks()}
 

@@ -135,4 +135,3 @@ class LibraryReport(ZGTask):
             write_json(tmp / "report.json", report)
             write_text(tmp / "report.md", zlib.markdown(report))
             zlib.plot(selections, uniform, tmp / "quality_size.png", self.teacher_cost["params"])
-        print(f"\nReport: {self.out_dir / 'report.md'}", flush=True)

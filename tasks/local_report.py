@@ -170,4 +170,3 @@ class LocalStudyReport(ZGTask):
             write_json(tmp / "report.json", rep)
             write_text(tmp / "report.md", zlocal.report_markdown(rep))
             zlocal.plot_gap_vs_k(rep, tmp / "gap_vs_k.png")
-        print(f"\nReport: {self.out_dir / 'report.md'}\n" + zlocal.report_markdown(rep), flush=True)

@@ -64,7 +64,6 @@ class SeedSummary(_ManyEvaluations):
             write_json(tmp / "report.json", summary)
             write_text(tmp / "report.md", study.seed_markdown(summary, self.name)
                        + "\nPer-seed reports:\n\n" + "\n".join(f"- {p}" for p in summary["reports"]) + "\n")
-        print(f"\nReport: {self.out_dir / 'report.md'}", flush=True)
 
 
 class ObjectiveStudyReport(_ManyEvaluations):
@@ -105,4 +104,3 @@ class ObjectiveStudyReport(_ManyEvaluations):
             write_json(tmp / "report.json", result)
             write_text(tmp / "report.md", study.study_markdown(result))
             plots.arms(result["rows"], tmp / "arms.png", teacher=result["rows"][0]["ce_teacher"])
-        print(f"\nReport: {self.out_dir / 'report.md'}", flush=True)

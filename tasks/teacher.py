@@ -116,11 +116,14 @@ class PrepareCorpus(_TeacherTask):
 
     def run(self):
         rec, tok = teacher_record(self.teacher_task()), teacher_tokenizer(self.teacher_task())
+        capped: list[str] = []
         with self.building() as tmp:
             meta = corpus.build_token_store(tmp / "tokens.h5", self.corpus, tok, rec["spec"], rec["max_positions"],
-                                            log=self.log)
+                                            log=self.log, cap_note=capped.append)
             write_json(tmp / "meta.json", meta)
-        cap = int(self.corpus["max_tokens"])
-        self.log(f"{meta['tokens']} tokens" + (f" (capped by corpus.max_tokens={cap})" if cap else "")
+        # the one line that names the corpus; with corpus.max_tokens it says which files filled it
+        src = self.corpus["source"]
+        self.log(f"corpus {', '.join(map(str, src)) if isinstance(src, (list, tuple)) else src}: {meta['tokens']} tokens"
                  + f" -> {meta['n_train']} train + {meta['n_val']} val sequences of {meta['seq_len']}"
-                 + (f"; {meta['skipped_files']} unusable file(s) skipped" if meta["skipped_files"] else ""))
+                 + (f"; {meta['skipped_files']} unusable file(s) skipped" if meta["skipped_files"] else "")
+                 + "".join(f"; {c}" for c in capped))

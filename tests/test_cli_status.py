@@ -161,20 +161,26 @@ def test_threads_follow_the_model_size_the_cores_and_the_overrides(tmp_path):
     assert threads.decoder_params(30, 576, 1536) == 30 * (4 * 576 * 576 + 3 * 576 * 1536)
 
 
-def test_each_task_logs_its_thread_count(built, tmp_path):
+def test_each_task_logs_its_thread_count_at_info_level(built, tmp_path):
+    """The thread count is one of Luigi's INFO lines: off by default, back with ``--log-level INFO``."""
     out = tmp_path / "o"
     cfg = tiny_cfg(**{"train.lr": 0.02})  # new blocks: TrainBlock, Assemble, the student's scoring and Evaluate run
     env = {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}
     subprocess.run(["cp", "-a", str(built), str(out)], check=True)
-    r = subprocess.run(_luigi(out, cfg=cfg), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(_luigi(out, "--log-level", "INFO", cfg=cfg), cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "corpus={" not in r.stderr and "blocks=[" not in r.stderr  # no parameter JSON in Luigi's INFO lines
     assert "running   Evaluate(report-" in r.stderr  # Luigi's log lines name a task by its folder
-    lines = [x for x in r.stdout.splitlines() if "torch thread(s)" in x]
+    lines = [x for x in r.stderr.splitlines() if "torch thread(s)" in x]
     assert len(lines) == 6 and all("] 1 torch thread(s) (0.04M parameters" in x for x in lines), lines
-    r = subprocess.run(_luigi(out, "--zerograph-threads", "2", cfg=tiny_cfg(**{"train.lr": 0.03})), cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "] 2 torch thread(s) ([zerograph] threads)" in r.stdout, r.stderr[-3000:]
+    r = subprocess.run(_luigi(out, "--zerograph-threads", "2", "--log-level", "INFO", cfg=tiny_cfg(**{"train.lr": 0.03})),
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "] 2 torch thread(s) ([zerograph] threads)" in r.stderr, r.stderr[-3000:]
+    r = subprocess.run(_luigi(out, cfg=tiny_cfg(**{"train.lr": 0.04})), cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "torch thread(s)" not in r.stdout + r.stderr, r.stderr[-3000:]
+    assert "running   " not in r.stderr and "Luigi Execution Summary" not in r.stderr  # Luigi's INFO lines are off
 
 
 def test_max_tokens_says_what_it_left_unread(tmp_path):
@@ -189,8 +195,8 @@ def test_max_tokens_says_what_it_left_unread(tmp_path):
     said = []
     meta = corpus.build_token_store(tmp_path / "s.h5", c, byte_tokenizer(), "bytes", 128, log=said.append)
     assert meta["tokens"] <= 2000 and meta["source_files"] == 2
-    assert said == ["corpus.max_tokens=2000 reached after 2 source file(s): 3 of 5 never opened "
-                    "(corpus.max_tokens=0 reads everything)"]
+    assert said == ["corpus.max_tokens=2000 reached in the first 2 of 5 source file(s), read in name order: 3 never "
+                    "opened (corpus.max_tokens=0 reads everything)"]
     said.clear()
     corpus.build_token_store(tmp_path / "all.h5", {**c, "max_tokens": 0}, byte_tokenizer(), "bytes", 128, log=said.append)
     assert said == []

@@ -94,3 +94,71 @@ def test_a_teacher_folder_without_weights_or_tokenizer_fails_before_any_task(tmp
 def test_a_teacher_path_that_does_not_exist_is_named(tmp_path):
     with pytest.raises(ConfigError, match=f"teacher path {tmp_path}/nope does not exist"):
         load_config(overrides=f"teacher={tmp_path}/nope", preset="")
+
+
+def test_a_run_logs_one_line_per_task_and_ends_with_the_report(tmp_path):
+    """Outside a terminal a tiny run writes a line or so per task (no progress-bar redraws, none of
+    Luigi's INFO lines, no thread counts), and its last line is the report's path."""
+    ((code, log),) = run_all([luigi_cmd("--preset", "tiny", "--outputs", "o")], tmp_path)
+    lines = log.strip().splitlines()
+    assert code == 0 and lines[-1].startswith("Report: ") and lines[-1].endswith("/report.md"), log[-3000:]
+    assert len(lines) <= 14 and len(log) < 2500, log  # 9 tasks, 2 of them training: 12 lines measured
+    assert not any(s in log for s in ("INFO:", "it/s", "step/s", "torch thread(s)", "Luigi Execution Summary")), log
+    assert any(x.startswith("[PrepareCorpus ") and "corpus pydoc: 4096 tokens" in x for x in lines), log
+
+
+def test_progress_in_a_log_file_is_a_few_lines_with_the_bars_figures(monkeypatch):
+    """LogLines: a line per tenth of the work, never two within the interval, a last one at the end."""
+    import io
+
+    from zgcore import progress
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    bar = progress.LogLines(6000, "TrainBlock block0", "step", interval_s=30, file=out)
+    for step in range(6000):
+        clock[0] += 0.1  # 600 s in all: 20 intervals, 10 tenths
+        bar.update(1)
+        bar.set_postfix(loss=f"{1 / (step + 1):.4f}")
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 11, lines  # one per tenth after the first 30 s, and the last
+    assert lines[0].startswith("TrainBlock block0:  10% 600/6000 [01:00<09:00") and "10.00step/s" in lines[0], lines[0]
+    assert lines[-1].startswith("TrainBlock block0: 100% 6000/6000") and lines[-1].endswith("loss=0.0002]"), lines[-1]
+    quick = progress.LogLines(20, "CE teacher", "batch", file=out)  # a few seconds' bar writes nothing
+    for _ in range(20):
+        quick.update(1)
+    quick.close()
+    assert out.getvalue().splitlines() == lines
+    monkeypatch.setenv("ZG_PROGRESS", "bar")
+    assert progress.on_terminal(io.StringIO()) and not isinstance(progress.progress_bar(5, "x"), progress.LogLines)
+    monkeypatch.setenv("ZG_PROGRESS", "")
+    assert not progress.on_terminal(io.StringIO()) and isinstance(progress.progress_bar(5, "x"), progress.LogLines)
+
+
+def test_a_heterogeneous_students_tokenizer_loads_without_remote_code(tmp_path):
+    """AutoTokenizer reads a library student's folder with no y/N question about its modelling code and
+    no "model of type" warning; the model itself still loads, with trust_remote_code, as its own class."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from zgcore.models.adapters import build_block
+    from zgcore.models.hetero import assemble_exact, save_student
+    from zgcore.models.teacher import build_tiny, byte_tokenizer
+
+    teacher = AutoModelForCausalLM.from_pretrained(build_tiny("llama", tmp_path / "teacher"), dtype=torch.float32).eval()
+    channels = [list(np.arange(64, dtype=float)[::-1]) for _ in range(4)]
+    blocks = [build_block(teacher, [0], "teacher", 0, intermediate_size=24, channels=channels),
+              build_block(teacher, [1, 2, 3], "teacher", 0, kv_heads=1)]
+    assert save_student(assemble_exact(teacher, blocks), byte_tokenizer(), tmp_path / "student")  # heterogeneous
+    code = ("import sys; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "tok = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+            "model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+            "print('ids', tok('hi')['input_ids'], type(model).__name__, [l.mlp.gate_proj.out_features for l in model.model.layers])")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "student")], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, env={**ENV, "HF_MODULES_CACHE": str(tmp_path / "modules")}, timeout=300)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0 and "ids [104, 105] ZGHeteroLlamaForCausalLM [24, 64, 64, 64]" in r.stdout, log[-3000:]
+    assert "custom code" not in log and "[y/N]" not in log and "model of type" not in log, log[-3000:]

@@ -126,7 +126,7 @@ def test_a_killed_worker_is_replaced_and_the_survivor_completes_the_graph(tmp_pa
         while victim is None and time.time() < deadline:
             if list(out.glob("TrainBlock/block0-*.partial/checkpoint.pt")):
                 victim = next((i for i, log in enumerate(logs) for line in log.read_text().splitlines()
-                               if "running   TrainBlock(block0-" in line), None)
+                               if line.startswith("TrainBlock block0-") and ": training " in line), None)
             time.sleep(0.05)
         assert victim is not None, "block 0 never wrote a checkpoint"
         procs[victim].kill()

@@ -3,8 +3,11 @@ their fenced bash blocks, pasted into a shell at the repository root. Cheap ones
 preset (`--preset tiny` added when the command names none; a SmolLM2 preset replaced by its tiny twin);
 the studies are built as Luigi builds them from the command line (their own tests run them); commands for
 a cluster, a GPU or a file the reader writes first are left out, as are install commands and
-`zerograph slurm` (tests/test_slurm.py runs those against a real Slurm)."""
+`zerograph slurm` (tests/test_slurm.py runs those against a real Slurm). The README's own-model example
+runs on a tiny model folder and text files made here; its workflows table is checked against the
+workflows the package exports and the presets it ships."""
 import json
+import tomllib
 import os
 import re
 import shlex
@@ -14,7 +17,7 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP = ("SCHEDHOST", "device=cuda", "--config", "/shared/", "/data/", "zerograph slurm")
+SKIP = ("SCHEDHOST", "device=cuda", "--config", "/shared/", "/data/", "/path/", "zerograph slurm")  # /path/: the reader's own files (test_own_model_and_text_as_written)
 ENV_VAR = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
 
 
@@ -133,3 +136,140 @@ def test_doc_commands_work_as_written(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, json.dumps(studies)], cwd=work, env=env, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.split() == ["built", str(len(studies))], r.stderr[-3000:]
     assert len(studies) >= 8 and any("ObjectiveStudy" in argv for _, argv in studies)
+
+
+MAX_README_WORDS = 1000
+PRESETS = ROOT / "workflows" / "presets"
+
+
+def readme_words() -> int:
+    """Words of README.md as ``wc -w`` counts them (code, tables and links included)."""
+    return len((ROOT / "README.md").read_text().split())
+
+
+def workflow_classes() -> dict[str, type]:
+    """The Luigi tasks ``workflows`` exports (``workflows.__all__``): what the README's table must list."""
+    import luigi
+
+    import workflows
+
+    return {n: getattr(workflows, n) for n in workflows.__all__
+            if isinstance(getattr(workflows, n), type) and issubclass(getattr(workflows, n), luigi.Task)}
+
+
+def workflows_table(text: str) -> dict[str, dict[str, object]]:
+    """The README's ``## Workflows`` table: per workflow, ``tiny`` and ``real`` (lists of presets; None for
+    "(default)", the workflow's own default) and ``docs`` (the pages its row links)."""
+    section = text.split("## Workflows", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        m = re.fullmatch(r"`(\w+)`", cells[0]) if len(cells) == 5 else None
+        if m:
+            presets = [lambda c=c: [None] * c.count("(default)") + re.findall(r"--preset (\w+)", c) for c in cells[2:4]]
+            rows[m[1]] = {"tiny": presets[0](), "real": presets[1](), "docs": re.findall(r"\]\((docs/[^)#]+)", cells[4])}
+    return rows
+
+
+def is_tiny(preset: str) -> bool:
+    """Whether a preset runs on a tiny random model (its teacher or tokenizer is a ``tiny-*`` one)."""
+    if not (PRESETS / f"{preset}.toml").is_file():
+        return False
+    cfg = tomllib.loads((PRESETS / f"{preset}.toml").read_text())
+    return str(cfg.get("teacher", cfg.get("tokenizer", ""))).startswith("tiny-")
+
+
+def check_workflows_table(text: str, classes: dict[str, type]) -> list[str]:
+    """What is wrong with README ``text``'s workflows table against ``classes`` and the shipped presets."""
+    rows, wrong = workflows_table(text), []
+    if set(rows) != set(classes):
+        wrong.append(f"rows {sorted(rows)} != workflows {sorted(classes)}")
+    for name, row in rows.items():
+        default = classes[name].preset._default if name in classes else None
+        tiny = [p or default for p in row["tiny"]]
+        real = [p or default for p in row["real"]]
+        for p in tiny + real:
+            if not (PRESETS / f"{p}.toml").is_file():
+                wrong.append(f"{name}: no preset {p}")
+        if not tiny or not real or not all(map(is_tiny, filter(None, tiny))) or any(map(is_tiny, filter(None, real))):
+            wrong.append(f"{name}: tiny {tiny} must be tiny presets, real {real} not")
+        if not row["docs"] or not all((ROOT / d).is_file() for d in row["docs"]):
+            wrong.append(f"{name}: docs {row['docs']}")
+    named = set(re.findall(r"\w+", text)).union(*(re.findall(r"\w+", (ROOT / d).read_text())
+                                                  for row in rows.values() for d in row["docs"]))
+    wrong += [f"preset {p.stem} is named neither in README nor on a workflow's page" for p in PRESETS.glob("*.toml")
+              if p.stem not in named]
+    return wrong
+
+
+def test_readme_is_a_guide_with_every_workflow():
+    """Under 1,000 words; a table row for every workflow the package exports, with a tiny and a real
+    preset that exist and a docs page; every shipped preset named in README or on its workflow's page."""
+    text = (ROOT / "README.md").read_text()
+    assert readme_words() < MAX_README_WORDS, f"README has {readme_words()} words"
+    assert check_workflows_table(text, workflow_classes()) == []
+    for section in ("## Install", "## One minute", "## The default experiment", "## Workflows",
+                    "## Your own model and your own text", "## Glossary", "## The `zerograph` command", "## Tests"):
+        assert section in text, section
+    for term in ("gap recovered", "gates", "context use", "boundary shift", "cache economics", "plumbing check",
+                 "nats/token", "run unit"):
+        assert re.search(rf"^\* \*\*[^*]*{re.escape(term)}[^*]*\*\*: ", text, re.M | re.I), f"glossary lacks {term}"
+    assert "2.8646" in text and "5.0868" in text and "3.0187" in text
+
+
+def test_the_workflows_check_fails_on_a_broken_table():
+    """The table check can fail: a missing workflow, a tiny column naming a real preset, an unknown preset."""
+    text = (ROOT / "README.md").read_text()
+    classes = workflow_classes()
+    assert any("rows" in w for w in check_workflows_table(text, {**classes, "BrandNewStudy": classes["RunExperiment"]}))
+    broken = text.replace("| `--preset library_tiny` |", "| `--preset library` |", 1)
+    assert any(w.startswith("SelectStudent: tiny") for w in check_workflows_table(broken, classes))
+    broken = text.replace("`--preset local_cpu_5seed`", "`--preset local_cpu_7seed`", 1)
+    assert any("no preset local_cpu_7seed" in w for w in check_workflows_table(broken, classes))
+
+
+def _preset_of(cmd: list[str], classes: dict[str, type]) -> tuple[str, str] | None:
+    """``(workflow, preset)`` of a ``luigi`` command (the workflow's default preset when none is named)."""
+    name = next((w for w in cmd if w in classes), None)
+    if name is None:
+        return None
+    return name, cmd[cmd.index("--preset") + 1] if "--preset" in cmd else classes[name].preset._default
+
+
+def test_each_page_shows_a_workflows_tiny_twin_before_its_long_commands():
+    """On README and every page of docs/, the first command of each workflow runs a tiny preset, so a
+    reader meets the seconds-long twin before a command that takes minutes or hours."""
+    classes = workflow_classes()
+    for f in doc_files():
+        first: dict[str, str] = {}
+        for _, cmd in doc_commands([f]):
+            got = _preset_of(cmd, classes) if cmd[0].endswith("luigi") else None
+            if got and got[0] not in first:
+                first[got[0]] = got[1]
+                assert is_tiny(got[1]), f"{f.name}: the first {got[0]} command runs preset {got[1]!r}, not a tiny twin"
+
+
+def test_own_model_and_text_as_written(tmp_path):
+    """The README's "your own model and your own text" commands, with /path/hf-folder a tiny Llama folder
+    and /path/*.txt three text files made here (and the tiny preset's sizes, as every README command)."""
+    from zgcore.models.teacher import build_tiny
+
+    own = [c for _, c in doc_commands([ROOT / "README.md"], skip=()) if any("/path/" in w for w in c)]
+    assert [c[:2] for c in own] == [[".venv/bin/luigi", "--module"], [".venv/bin/zerograph", "report"]], own
+    build_tiny("llama", tmp_path / "hf-folder")
+    (tmp_path / "text").mkdir()
+    for i in range(3):
+        (tmp_path / "text" / f"{i}.txt").write_text(" ".join(f"word{(i * 7 + j) % 50}" for j in range(600)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    for cmd in own:
+        cmd = _tiny([w.replace("/path/hf-folder", str(tmp_path / "hf-folder")).replace("/path/", f"{tmp_path}/text/")
+                     for w in cmd])
+        r = subprocess.run(_argv(cmd), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (cmd, (r.stdout + r.stderr)[-3000:])
+        if cmd[0].endswith("luigi"):
+            # the one line naming the corpus says that the tiny preset's corpus.max_tokens left files unread
+            assert "[PrepareTeacher hf-folder]" in r.stdout and re.search(
+                rf"^\[PrepareCorpus \S+\] corpus {re.escape(str(tmp_path))}/text/\*\.txt: 4096 tokens -> .*; corpus\.max_tokens=4096 "
+                r"reached in the first [12] of 3 source file\(s\), read in name order: [12] never opened", r.stdout, re.M), r.stdout
+        else:
+            assert "held-out CE" in r.stdout and "hf-folder" in r.stdout, r.stdout[-2000:]

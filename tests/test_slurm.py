@@ -242,7 +242,7 @@ def test_a_cancelled_worker_job_is_replaced_by_the_other_which_ends_completed(cl
     while victim is None and time.time() < deadline:
         if list(out.glob("TrainBlock/block0-*.partial/checkpoint.pt")):
             victim = next((job for job, text in worker_logs(out).items()
-                           if "running   TrainBlock(block0-" in text), None)
+                           if re.search(r"^TrainBlock block0-\S+: training ", text, re.M)), None)
         time.sleep(0.1)
     assert victim is not None, "block 0 never wrote a checkpoint"
     survivor = f"{array}_{1 - int(victim.split('_')[1])}"

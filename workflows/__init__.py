@@ -20,13 +20,19 @@ RETCODES = {"already_running": 10, "missing_data": 20, "not_run": 25, "task_fail
 
 
 def set_default_retcodes(config=None) -> None:
-    """Write :data:`RETCODES` into Luigi's configuration where it has no value of its own."""
+    """Write :data:`RETCODES` into Luigi's configuration where it has no value of its own, and Luigi's
+    log level WARNING where none is set (each task prints its own lines; ``--log-level INFO`` on the
+    command line gives Luigi's back)."""
     config = config if config is not None else luigi.configuration.get_config()
     if not config.has_section("retcode"):
         config.add_section("retcode")
     for key, code in RETCODES.items():
         if not config.has_option("retcode", key):
             config.set("retcode", key, str(code))
+    if not config.has_option("core", "log_level"):  # Luigi's INFO chatter off (`--log-level INFO` gives it back)
+        if not config.has_section("core"):
+            config.add_section("core")
+        config.set("core", "log_level", "WARNING")
 
 
 set_default_retcodes()

@@ -5,7 +5,7 @@ functions and classes; this package never imports Luigi (``tasks/`` and ``workfl
 Its subpackages are layers, each importing only the layers listed before it (``tests/test_layout.py``
 checks this)::
 
-    atomic, hashing, checks, markdown, device, threads   small shared utilities (import no subpackage)
+    atomic, hashing, checks, markdown, device, threads, progress   small shared utilities (import no subpackage)
     models      teachers, decoder families, partial loading, student blocks and shapes, assembly
     data        corpus sources, tokenised corpus, held-out text, data order, boundary store, input pipeline
     training    the one training loop, objectives, block training, distillation, lr search, watching

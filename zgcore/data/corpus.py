@@ -151,7 +151,7 @@ def fingerprint(train, val, chunk_rows: int = 4096) -> str:
 
 
 def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokenizer, tokenizer_name: str,
-                      max_positions: int, log=print) -> dict[str, Any]:
+                      max_positions: int, log=print, cap_note=None) -> dict[str, Any]:
     """Tokenize the corpus and write the token store to ``path`` atomically, streaming.
 
     Documents are read one at a time (text files in pieces of :func:`piece_chars` characters
@@ -163,6 +163,12 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
 
     Source files that cannot be read are skipped with a warning when they came through a glob
     (or are the stdlib's), counted in ``skipped_files``; an explicitly named one fails the run.
+
+    Sources are read in order (a glob's files sorted by name) until ``corpus.max_tokens`` is
+    reached: with a cap, the first files of a glob fill it and the later ones are never opened.
+    When that happens one sentence saying so goes to ``cap_note`` (default: ``log``), e.g.
+    ``corpus.max_tokens=2000 reached in the first 2 of 5 source file(s), read in name order: 3 never
+    opened (corpus.max_tokens=0 reads everything)``.
 
     Returns the store's metadata (``fingerprint``, ``n_train``, ``n_val``, ``seq_len``, ``tokens``,
     ``documents``, ``source_files``, ``skipped_files``, ``skipped``).
@@ -200,8 +206,9 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
                         break
                 if not more:  # max_tokens reached: say so, and what was left unread
                     unopened = counts["sources"] - used - len(skipped)
-                    log(f"corpus.max_tokens={int(corpus['max_tokens'])} reached after {used} source file(s): "
-                        f"{unopened} of {counts['sources']} never opened (corpus.max_tokens=0 reads everything)")
+                    (cap_note or log)(f"corpus.max_tokens={int(corpus['max_tokens'])} reached in the first {used} of "
+                                      f"{counts['sources']} source file(s), read in name order: {unopened} never opened "
+                                      "(corpus.max_tokens=0 reads everything)")
                 rows.flush(final=True)
                 if not rows.tokens:
                     raise ConfigError("the corpus holds no text" + (f" ({len(skipped)} file(s) skipped)" if skipped else ""))

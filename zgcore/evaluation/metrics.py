@@ -9,7 +9,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
+
+from zgcore.progress import progress_bar
 
 
 @torch.no_grad()
@@ -57,7 +58,8 @@ def sequence_cross_entropies(logits_of: Callable[[torch.Tensor], list[torch.Tens
         the ``seq_len - 1`` predictions of sequence ``i`` (scored in float32, summed per row in float64).
     """
     out: list[list[np.ndarray]] = []
-    for lo in tqdm(range(0, len(tokens), batch_size), desc=desc, unit="batch"):
+    bar = progress_bar(-(-len(tokens) // batch_size), desc, "batch")
+    for lo in range(0, len(tokens), batch_size):
         ids = torch.as_tensor(tokens[lo: lo + batch_size], dtype=torch.long, device=device)
         for j, lg in enumerate(logits_of(ids)):
             lg = lg[:, :-1].float()
@@ -65,6 +67,8 @@ def sequence_cross_entropies(logits_of: Callable[[torch.Tensor], list[torch.Tens
             if j == len(out):
                 out.append([])
             out[j].append(ce.reshape(ids.shape[0], -1).double().mean(dim=1).cpu().numpy())
+        bar.update(1)
+    bar.close()
     return [np.concatenate(x) if x else np.zeros(0) for x in out]
 
 

@@ -4,7 +4,11 @@ code that a heterogeneous student's folder carries (``trust_remote_code``), beca
 
 This file is copied into the student's folder by ``save_pretrained`` (``auto_map`` in its
 ``config.json``) and must import nothing but ``torch`` and ``transformers``: the folder loads alone
-with ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)``.
+with ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)``. Its ``config.json``
+says ``model_type`` ``"llama"``, so that ``AutoConfig`` and therefore ``AutoTokenizer`` read the
+folder without remote code (no y/N question, no "model of type" warning); the model itself needs
+``trust_remote_code=True`` (without it transformers builds a plain Llama and stops on the size
+mismatch of the narrower layers).
 
 Each layer is transformers' own ``LlamaDecoderLayer``, built from a copy of the config with that
 layer's ``intermediate_size`` and ``num_key_value_heads``; embedding, rotary embedding, masks, final
@@ -29,7 +33,7 @@ class ZGHeteroLlamaConfig(LlamaConfig):
             each divides ``num_attention_heads``.
     """
 
-    model_type = "zg_hetero_llama"
+    model_type = "llama"  # what AutoConfig (so AutoTokenizer) reads without remote code; auto_map adds the rest
     layer_intermediate_sizes: list[int] | None = None
     layer_kv_heads: list[int] | None = None
 

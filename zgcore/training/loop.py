@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from zgcore.atomic import atomic_path
+from zgcore.progress import progress_bar
 from zgcore.training.checkpoint import CKPT_FORMAT, load_checkpoint, state_digest  # noqa: F401 (re-exported)
 
 CKPT = "checkpoint.pt"
@@ -252,10 +252,12 @@ class TrainLoop:
             NonFiniteError: a non-finite checked value. OSError: a checkpoint that cannot be read for an I/O reason.
         """
         start = self._resume()
+        if self.work and not start:  # a resumed run has said so; either way the log shows which worker took the run
+            print(f"{self.name}: training {self.steps} steps", flush=True)
         t0 = time.perf_counter()
         data_s = compute_s = 0.0
         it: Iterator[Any] = iter(batches(start))
-        bar = tqdm(total=self.steps, initial=start, desc=self.name, unit="step")
+        bar = progress_bar(self.steps, self.name, "step", initial=start)
         pending: list[dict[str, Any]] = []
         try:
             for step in range(start, self.steps):

@@ -25,11 +25,11 @@ from typing import Any, Callable, Mapping, Sequence
 import h5py
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from zgcore.models.adapters import capture_boundaries
 from zgcore.atomic import atomic_path, write_json
 from zgcore.hashing import file_sha256
+from zgcore.progress import progress_bar
 from .integrity import file_record, outside_sha256
 from .common import (FORMAT_VERSION, H5_DTYPES, MANIFEST, SHARD_FILE, STATS_SEQUENCES, BoundaryStoreError, check_finite,
                      planned_bytes, quarantine, rms_from_sumsq, round_trip, sequence_checksums, sequence_sumsq, system_error,
@@ -79,7 +79,7 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
         dsets = {b: f.create_dataset("h", shape=(m, seq_len, hidden), dtype=H5_DTYPES[dtype]) for b, f in files.items()}
         sums = {b: f.create_dataset("xxh3", shape=(m,), dtype=np.uint64) for b, f in files.items()}
         sumsq = {b: [] for b in boundaries}
-        bar = tqdm(total=m, desc=desc or f"teacher {split} {lo}..{lo + m - 1}", unit="seq")
+        bar = progress_bar(m, desc or f"teacher {split} {lo}..{lo + m - 1}", "seq")
         for k in range(0, m, batch_size):
             ids = torch.from_numpy(rows[k: k + batch_size].astype(np.int64)).to(device)
             captured = capture(ids) if capture is not None else capture_boundaries(teacher, ids, boundaries)
