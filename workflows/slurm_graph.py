@@ -33,12 +33,12 @@ def fail(msg: str) -> None:
 # --- the workflow ------------------------------------------------------------------------------
 
 def workflow_classes() -> dict[str, type]:
-    """The top-level workflows a launch can run, by name (``RunExperiment``, ``ObjectiveStudy``, ...)."""
+    """The top-level workflows a launch can run, by name: those of :mod:`workflows.registry`."""
     import workflows
-    from .experiment import ConfiguredWorkflow
 
-    return {name: obj for name in workflows.__all__ if isinstance(obj := getattr(workflows, name), type)
-            and issubclass(obj, ConfiguredWorkflow) and name != "PrepareInputs"}
+    from . import registry
+
+    return {name: getattr(workflows, name) for name in registry.names()}
 
 
 def experiment_options(config: str, set_: str, preset: Optional[str], outputs: str) -> list[str]:
