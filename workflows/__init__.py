@@ -11,6 +11,8 @@ non-zero from whatever folder it is started in, not only where the repository's 
 """
 from __future__ import annotations
 
+import sys
+
 import luigi
 import luigi.configuration
 
@@ -39,6 +41,10 @@ def set_default_retcodes(config=None) -> None:
 
 
 set_default_retcodes()
+if any(a == "--module" or a.startswith("--module=") for a in sys.argv[1:]):
+    # `luigi --module workflows ...`: Luigi's parser reads every registered task's and config's flags
+    # (`--zerograph-threads`, `--TrainBlock-...`) right after importing this package
+    import tasks  # noqa: F401
 install_error_filter()  # user errors raised inside a task: one `error:` line, no traceback (workflows/errors.py)
 ending.install()  # the `luigi` command's exit code, last line and Ctrl-C (workflows/ending.py)
 failover.install()  # a task that raised is disabled at once; a lost worker's task is retried (workflows/failover.py)
