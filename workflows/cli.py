@@ -172,7 +172,9 @@ def verify(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
         typer.echo(f"{len(problems)} damaged of {len(items)} checked; rebuild with: "
                    f"{run_command(config, set, preset, outputs, workflow)}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"verified {len(items)} item(s), {sum(i.nbytes for i in items) / 1e9:.3f} GB: all whole")
+    folders = {i.folder.resolve() for i in items if i.folder is not None}
+    typer.echo(f"verified {len(items)} item(s) of {len(folders)} output(s), {sum(i.nbytes for i in items) / 1e9:.3f} GB: "
+               "all whole")
 
 
 @app.command()

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Item", "Problem", "Checker", "CHECKERS", "boundary_stores", "task_outputs", "verify"]
 
-Checker = Callable[[Sequence[ZGTask]], list[Item]]
+Checker = Callable[[Sequence["ZGTask"]], list[Item]]
 
 
 def boundary_stores(tasks: Sequence[ZGTask]) -> list[Item]:
