@@ -19,7 +19,9 @@ Not recorded: ``task.json`` (it carries times and hosts), plots (PNG metadata), 
 event files, the HDF5 boundary shards (HDF5 writes object timestamps); the weights trained from
 them are recorded instead, so a change of their values shows there.
 
-A key is ``<task title>/<file>`` (``TrainBlock block0-clean-cached-s0/block.safetensors``), so a
+A key is ``<task title>/<file>`` (``TrainBlock block0-clean-cached-s0/block.safetensors``; a title
+shared by several tasks, as a library's candidates share theirs, is numbered ``[2]``, ``[3]`` in the
+graph's order), so a
 change of an output folder's hash alone (a configuration or code-version change) does not count;
 only bytes do. ``tests/test_workflow_contract.py`` compares each tiny preset's digests with the
 recorded file on the run it already makes.
@@ -69,15 +71,20 @@ def _numbers(obj: Any, prefix: str = "") -> dict[str, Any]:
 def digests(tasks) -> dict[str, str]:
     """The recorded digests of the finished outputs among ``tasks`` (see the module docstring)."""
     out: dict[str, str] = {}
+    seen: dict[str, int] = {}
     for t in tasks:
         folder = Path(t.out_dir)
+        title = t.title()
+        seen[title] = seen.get(title, 0) + 1
+        if seen[title] > 1:  # several tasks of one title (a library's candidates): numbered in graph order
+            title = f"{title} [{seen[title]}]"
         if not folder.is_dir():
             continue
         for f in sorted(folder.rglob("*.safetensors")):
-            out[f"{t.title()}/{f.relative_to(folder)}"] = hashlib.sha256(f.read_bytes()).hexdigest()
+            out[f"{title}/{f.relative_to(folder)}"] = hashlib.sha256(f.read_bytes()).hexdigest()
         for f in sorted(folder.rglob("report.json")):
             nums = _numbers(json.loads(f.read_text()))
-            out[f"{t.title()}/{f.relative_to(folder)}"] = hashlib.sha256(
+            out[f"{title}/{f.relative_to(folder)}"] = hashlib.sha256(
                 json.dumps(nums, sort_keys=True).encode()).hexdigest()
     return dict(sorted(out.items()))
 

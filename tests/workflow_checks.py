@@ -43,13 +43,13 @@ def check_workflow(wf: registry.Workflow, outputs: Path) -> list[str]:
     graph = all_tasks(root_tasks("", [], wf.tiny, out, wf.name))
 
     r = _cli("status", *opts)
-    rows = {}
+    rows = []
     for line in r.stdout.splitlines():
         m = re.match(r"(.+?)\s{2,}(done|missing|partial|damaged|stale)\s+(.+)$", line.strip())
         if m:
-            rows[m.group(1)] = m.group(2)
-    titles = {t.title() for t in graph}
-    if r.exit_code != 0 or set(rows) != titles or set(rows.values()) != {"done"}:
+            rows.append((m.group(1), m.group(2)))
+    titles = sorted(t.title() for t in graph)
+    if r.exit_code != 0 or sorted(n for n, _ in rows) != titles or {s for _, s in rows} != {"done"}:
         problems.append(f"{wf.name}: status: exit {r.exit_code}, rows {rows} for the graph's tasks {sorted(titles)}")
 
     r = _cli("report", *opts)
