@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import luigi
+
 from zgcore.config import experiment as zconfig
 
+from . import registry
 from .experiment import RunExperiment, block_settings, load_config
 
 if TYPE_CHECKING:
@@ -41,6 +44,8 @@ class DistillStudy(RunExperiment):
     the four arms once per seed and pools the comparisons (:class:`tasks.distill_seeds.DistillSeedsReport`).
     Raises ``zgcore.config.experiment.ConfigError`` at construction on bad input, ``heal.steps = 0`` included.
     """
+
+    preset = luigi.Parameter(default=registry.get("DistillStudy").default_preset, description="preset in workflows/presets")
 
     def resolve(self):
         from zgcore.models.shapes import check_one_width

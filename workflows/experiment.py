@@ -213,7 +213,7 @@ class RunExperiment(ConfiguredWorkflow):
     code ``CONFIG_ERROR_EXIT`` (2).
     """
 
-    preset = luigi.Parameter(default="default", description="preset in workflows/presets")
+    preset = luigi.Parameter(default=registry.get("RunExperiment").default_preset, description="preset in workflows/presets")
 
     def resolve(self):
         return load_config(self.config, self.set, self.preset)
@@ -242,7 +242,7 @@ class ObjectiveStudy(RunExperiment):
     Source: ZeroGraph (arXiv:2611.02200), six-arm study.
     """
 
-    preset = luigi.Parameter(default="study", description="preset in workflows/presets")
+    preset = luigi.Parameter(default=registry.get("ObjectiveStudy").default_preset, description="preset in workflows/presets")
 
     def requires(self):
         return build_study(self.cfg, self.outputs)

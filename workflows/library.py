@@ -15,6 +15,7 @@ import luigi
 
 from zgcore.config import experiment as zconfig
 
+from . import registry
 from .experiment import RunExperiment, block_settings, load_config
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class SelectStudent(RunExperiment):
     Raises ``zgcore.config.experiment.ConfigError`` at construction on bad input, an infeasible budget included.
     """
 
-    preset = luigi.Parameter(default="library", description="preset in workflows/presets")
+    preset = luigi.Parameter(default=registry.get("SelectStudent").default_preset, description="preset in workflows/presets")
 
     def resolve(self):
         cfg = load_config(self.config, self.set, self.preset)

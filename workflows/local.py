@@ -7,6 +7,7 @@ import luigi
 
 from zgcore.config import experiment as zconfig
 
+from . import registry
 from .experiment import ConfiguredWorkflow, load_preset
 
 if TYPE_CHECKING:
@@ -63,7 +64,8 @@ class LocalLearningStudy(ConfiguredWorkflow):
     Raises ``zgcore.config.experiment.ConfigError`` at construction, before any task runs, on bad input.
     """
 
-    preset = luigi.Parameter(default="local_default", description="preset in workflows/presets (local_*)")
+    preset = luigi.Parameter(default=registry.get("LocalLearningStudy").default_preset,
+                             description="preset in workflows/presets (local_*)")
 
     def resolve(self):
         return load_local_config(self.config, self.set, self.preset)

@@ -28,7 +28,9 @@ class Workflow:
         name: its Luigi task family (``luigi --module workflows <name>``), a class in :mod:`workflows`.
         presets: ``fnmatch`` patterns of the presets it owns (``workflows/presets/<preset>.toml``);
             every preset file is owned by exactly one workflow (the test says so).
-        default_preset: the preset it runs without ``--preset`` (its real, long run).
+        default_preset: the preset it runs without ``--preset`` (a real, long run; one of its own
+            schema, not necessarily its own: ``DistillStudy`` runs the default experiment's); the
+            workflow class's ``preset`` parameter takes its default from here.
         tiny: its seconds-long preset, which the contract test runs.
         schema: the configuration its presets follow: ``"experiment"`` (``zgcore.config.defaults``) or
             ``"local"`` (``zgcore.local.config``); a workflow reads any preset of its own schema.
@@ -66,9 +68,8 @@ def register(wf: Workflow) -> Workflow:
     """
     if wf.schema not in ("experiment", "local"):
         raise ValueError(f"workflow {wf.name}: schema must be 'experiment' or 'local', not {wf.schema!r}")
-    for p in (wf.tiny, wf.default_preset):
-        if not wf.owns(p):
-            raise ValueError(f"workflow {wf.name}: preset {p!r} is not among its presets {wf.presets}")
+    if not wf.owns(wf.tiny):
+        raise ValueError(f"workflow {wf.name}: preset {wf.tiny!r} is not among its presets {wf.presets}")
     _REGISTRY[wf.name] = wf
     return wf
 
@@ -130,7 +131,7 @@ register(Workflow("RunExperiment", ("default", "tiny", "heal_topk", "heal_topk_t
 register(Workflow("ObjectiveStudy", ("study", "study_tiny"), "study", "study_tiny", "experiment",
                   "Which block objective composes best: clean, noisy or denoising targets, cached or online?",
                   "docs/studies.md"))
-register(Workflow("DistillStudy", ("distill", "distill_tiny"), "distill", "distill_tiny", "experiment",
+register(Workflow("DistillStudy", ("distill", "distill_tiny"), "default", "distill_tiny", "experiment",
                   "Should I distil blockwise or end to end, with or without healing?", "docs/studies.md"))
 register(Workflow("LocalLearningStudy", ("local_*",), "local_default", "local_tiny", "local",
                   "Does greedy local learning match end-to-end pretraining at the same token budget?",
