@@ -60,3 +60,10 @@ def test_zerograph_names_an_unknown_workflow_or_preset_in_one_line():
                        (["report", "--preset", "nope"], "unknown preset 'nope'")):
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 2 and what in r.stderr, r.output
+
+
+def test_the_readme_table_has_a_row_per_workflow_with_both_commands():
+    rows = registry.table().splitlines()[2:]
+    assert [r.split("`")[1] for r in rows] == registry.names()
+    distill = next(r for r in rows if r.startswith("| `DistillStudy`"))
+    assert "--preset distill_tiny" in distill and "--preset distill --local-scheduler" in distill

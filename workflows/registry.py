@@ -37,6 +37,7 @@ class Workflow:
         answers: the question it answers, in one line (the README's table).
         doc: its docs page, relative to the repository root.
         report: the file, in its root task's folder, that ``zerograph report`` prints.
+        real: the preset of its documented real run, when not ``default_preset``.
     """
     name: str
     presets: tuple[str, ...]
@@ -46,6 +47,7 @@ class Workflow:
     answers: str
     doc: str
     report: str = "report.md"
+    real: str = ""
 
     def owns(self, preset: str) -> bool:
         """Whether ``preset`` is one of this workflow's own presets."""
@@ -68,6 +70,8 @@ def register(wf: Workflow) -> Workflow:
     """
     if wf.schema not in ("experiment", "local"):
         raise ValueError(f"workflow {wf.name}: schema must be 'experiment' or 'local', not {wf.schema!r}")
+    if wf.real and not wf.owns(wf.real):
+        raise ValueError(f"workflow {wf.name}: preset {wf.real!r} is not among its presets {wf.presets}")
     if not wf.owns(wf.tiny):
         raise ValueError(f"workflow {wf.name}: preset {wf.tiny!r} is not among its presets {wf.presets}")
     _REGISTRY[wf.name] = wf
@@ -126,13 +130,24 @@ def workflows_of_schema(schema: str) -> list[str]:
     return [w.name for w in _REGISTRY.values() if w.schema == schema]
 
 
+def table(luigi: str = ".venv/bin/luigi") -> str:
+    """A Markdown table of every registered workflow: what it answers, its tiny command, its real
+    command and its docs page (for the README's list of workflows; ``luigi``: how the command is spelled)."""
+    rows = ["| workflow | what it answers | seconds-long run | real run | docs |", "|---|---|---|---|---|"]
+    for w in _REGISTRY.values():
+        real = w.command(w.real or w.default_preset).replace("luigi", luigi, 1)
+        rows.append(f"| `{w.name}` | {w.answers} | `{w.command().replace('luigi', luigi, 1)}` | `{real}` | [{w.doc}]({w.doc}) |")
+    return "\n".join(rows)
+
+
 register(Workflow("RunExperiment", ("default", "tiny", "heal_topk", "heal_topk_tiny"), "default", "tiny", "experiment",
                   "How close does a blockwise-trained student get to its teacher?", "README.md"))
 register(Workflow("ObjectiveStudy", ("study", "study_tiny"), "study", "study_tiny", "experiment",
                   "Which block objective composes best: clean, noisy or denoising targets, cached or online?",
                   "docs/studies.md"))
 register(Workflow("DistillStudy", ("distill", "distill_tiny"), "default", "distill_tiny", "experiment",
-                  "Should I distil blockwise or end to end, with or without healing?", "docs/studies.md"))
+                  "Should I distil blockwise or end to end, with or without healing?", "docs/studies.md",
+                  real="distill"))
 register(Workflow("LocalLearningStudy", ("local_*",), "local_default", "local_tiny", "local",
                   "Does greedy local learning match end-to-end pretraining at the same token budget?",
                   "docs/local_learning.md"))
