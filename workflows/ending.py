@@ -87,10 +87,14 @@ def scheduler_problem(cmdline_args) -> str | None:
 
 
 def report_path(root: luigi.Task) -> Path | None:
-    """The ``report.md`` a workflow's run ends with, when it exists (``None`` for workflows without a
-    report, e.g. ``PrepareInputs``, and before the report is built)."""
+    """The report a workflow's run ends with (its :mod:`workflows.registry` entry's ``report``, else
+    ``report.md``), when it exists (``None`` for workflows without a report, e.g. ``PrepareInputs``,
+    and before the report is built)."""
+    from . import registry
+
+    name = registry.get(root.get_task_family()).report if root.get_task_family() in registry.names() else "report.md"
     for t in luigi.task.flatten(root.requires()):
-        p = Path(getattr(t, "out_dir", "")) / "report.md"
+        p = Path(getattr(t, "out_dir", "")) / name
         if getattr(t, "out_dir", None) is not None and p.is_file():
             return p
     return None

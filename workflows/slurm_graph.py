@@ -94,11 +94,15 @@ def missing_tasks(wf) -> list:
 
 
 def reports(wf) -> list[Path]:
-    """The report of each root task (``report.md`` in its folder, else the folder)."""
+    """The report of each root task (its :mod:`workflows.registry` entry's ``report`` in its folder,
+    else the folder)."""
+    from . import registry
+
+    name = registry.get(wf.get_task_family()).report if wf.get_task_family() in registry.names() else "report.md"
     out = []
     for t in flatten(wf.requires()):
         d = Path(t.out_dir)
-        out.append(d / "report.md" if (d / "report.md").is_file() else d)
+        out.append(d / name if (d / name).is_file() else d)
     return out
 
 
