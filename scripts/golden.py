@@ -99,7 +99,7 @@ def difference(preset: str, got: dict[str, str]) -> list[str]:
     (``[]``: the same). A missing record is one line."""
     p = golden_path(preset)
     if not p.is_file():
-        return [f"no recorded digests at {p.relative_to(REPO)}"]
+        return [f"no recorded digests at {p.relative_to(REPO) if p.is_relative_to(REPO) else p}"]
     want = json.loads(p.read_text())["digests"]
     lines = [f"{k}: recorded {want.get(k, 'nothing')[:12]}, now {got.get(k, 'nothing')[:12]}"
              for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]

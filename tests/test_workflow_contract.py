@@ -75,3 +75,13 @@ def test_library_tiny_status_report_and_verify_show_the_librarys_own_graph(built
     graph = all_tasks(root_tasks("", [], "library_tiny", out))
     assert r.exit_code == 0 and f"of {len(graph)} output(s)" in r.stdout and "all whole" in r.stdout
     assert sum(t.get_task_family() == "TrainBlock" for t in graph) >= 6  # every candidate block of both partitions
+
+
+def test_golden_digests_name_each_changed_file_and_skip_timings(tmp_path, monkeypatch):
+    monkeypatch.setattr(golden, "GOLDEN", tmp_path)
+    assert golden.difference("x_tiny", {"a": "1"})[0].startswith("no recorded digests at")
+    golden.write("x_tiny", {"TrainBlock b0/block.safetensors": "aa" * 32, "Evaluate report/report.json": "bb" * 32})
+    got = {"TrainBlock b0/block.safetensors": "cc" * 32, "Evaluate report/report.json": "bb" * 32}
+    assert golden.difference("x_tiny", got) == [f"TrainBlock b0/block.safetensors: recorded {'aa' * 6}, now {'cc' * 6}"]
+    assert golden._numbers({"ce": 1.23456789, "seconds": 3.2, "train_s": 1.0, "peak_rss_mb": 9, "rows": [{"gap": 0.5}]}) \
+        == {"ce": 1.23457, "rows.0.gap": 0.5}
