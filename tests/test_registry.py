@@ -34,7 +34,7 @@ def test_every_preset_file_has_exactly_one_owner_and_every_pattern_a_file():
 def test_every_registered_workflow_is_a_class_with_its_default_preset_and_a_docs_page(wf):
     cls = getattr(workflows, wf.name)
     assert isinstance(cls, type) and issubclass(cls, ConfiguredWorkflow) and wf.name in workflows.__all__
-    assert cls.preset._default == wf.default_preset
+    assert dict(cls.get_param_values(cls.get_params(), [], {}))["preset"] == wf.default_preset
     assert wf.name in (ROOT / wf.doc).read_text(), f"{wf.doc} never names {wf.name}"
     assert pick(wf.tiny).name == wf.name and registry.schema_of(wf.default_preset) == wf.schema
     for page in LISTS:
