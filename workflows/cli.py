@@ -92,9 +92,10 @@ def all_tasks(roots: list) -> list:
 def run_command(config: str, set_: list[str] | str, preset: str, outputs: str, workflow: Optional[str] = None) -> str:
     """The `luigi` command that builds this experiment or study, with the options the user gave
     (each ``--set`` as given, in order)."""
-    args = [".venv/bin/luigi", "--module", "workflows", pick(preset, workflow).name, "--local-scheduler"]
+    wf = pick(preset, workflow)
+    args = [".venv/bin/luigi", "--module", "workflows", wf.name, "--local-scheduler"]
     sets = [set_] if isinstance(set_, str) else list(set_)
-    for flag, value, default in (("--preset", preset, "default"), ("--config", config, ""),
+    for flag, value, default in (("--preset", preset, wf.default_preset), ("--config", config, ""),
                                  *(("--set", v, "") for v in sets), ("--outputs", outputs, "outputs")):
         if value != default:
             args += [flag, value]
