@@ -1,4 +1,4 @@
-"""Issue 14: a learning-rate sweep per local-learning configuration in the Luigi graph, the tuning
+"""A learning-rate sweep per local-learning configuration in the Luigi graph, the tuning
 split, a ``top:N`` vocabulary, tokens per parameter and the paper's three findings in the report."""
 import json
 

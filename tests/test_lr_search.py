@@ -1,4 +1,4 @@
-"""Issue 19 part 3: the learning-rate search (zgcore.training.lr_search) on hand-made score curves."""
+"""The learning-rate search (zgcore.training.lr_search) on hand-made score curves."""
 import math
 
 import pytest

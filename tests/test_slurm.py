@@ -297,19 +297,6 @@ def test_a_node_that_cannot_see_the_outputs_or_reach_luigid_fails_before_submiss
     assert all(not la.get("array_job") for la in json.loads(next(out.glob("slurm/*/launch.json")).read_text())["launches"])
 
 
-def test_dry_run_prints_the_job_script_with_slurm_stopped(cluster, tmp_path):
-    """A Slurm whose controller does not answer (a copy of the test cluster's slurm.conf pointing at a
-    port nothing listens on): --dry-run still prints the job script, with placeholders for luigid."""
-    conf = tmp_path / "slurm.conf"
-    text = Path(cluster["SLURM_CONF"]).read_text()
-    conf.write_text(re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=9", text))
-    r = zg([*LAUNCH, "--outputs", str(tmp_path / "o"), "--dry-run"], {**cluster, "SLURM_CONF": str(conf)})
-    assert r.returncode == 0, r.stderr
-    assert "#SBATCH --array=0-1" in r.stdout and "Slurm did not answer" in r.stdout, r.stdout
-    assert "--scheduler-port LUIGID_PORT" in r.stdout and "set -Eeuo pipefail" in r.stdout
-    assert not (tmp_path / "o").exists()
-
-
 def test_bad_launches_fail_in_one_line_before_anything_is_submitted(cluster, tmp_path, monkeypatch):
     out = tmp_path / "shared"
     before = squeue(cluster)

@@ -1,5 +1,4 @@
-"""Issues 19 (part 3) and 20 (part 5) in the Luigi graph: the learning-rate search extends past
-the first grid, and a diverged candidate loses without stopping the search."""
+"""The learning-rate search in the Luigi graph: it extends past the first grid, and a diverged candidate loses without stopping the search."""
 import json
 import os
 import subprocess

@@ -1,18 +1,29 @@
 """Top-level Luigi wrapper tasks: ``luigi --module workflows RunExperiment --local-scheduler``.
 
+The workflows, their presets and reports are listed once, in :mod:`workflows.registry`
+(:func:`all_workflows`). Importing this package loads neither torch nor transformers: the tasks and
+the library are imported when a workflow resolves its configuration or builds its graph, so
+``zerograph --help`` starts at once.
+
 Importing this package (which ``luigi --module workflows`` does before it reads its exit codes)
 sets Luigi's ``[retcode]`` values that the user's Luigi config leaves unset, so a failed run exits
 non-zero from whatever folder it is started in, not only where the repository's ``luigi.cfg`` is read.
 """
 from __future__ import annotations
 
+import sys
+
 import luigi
 import luigi.configuration
 
 from . import ending, failover
+from .distill import DistillStudy
 from .errors import install as install_error_filter
-from .experiment import CONFIG_ERROR_EXIT, ConfiguredWorkflow, build_experiment, build_study, load_config
+from .experiment import (CONFIG_ERROR_EXIT, ObjectiveStudy, PrepareInputs, RunExperiment, build_experiment, build_study,
+                         load_config)
+from .library import SelectStudent
 from .local import LocalLearningStudy
+from .registry import all_workflows
 
 # Luigi's own default for every one of these is 0 ("a failed task exits 0"). Same values as luigi.cfg.
 RETCODES = {"already_running": 10, "missing_data": 20, "not_run": 25, "task_failed": 30, "scheduling_error": 35,
@@ -36,61 +47,14 @@ def set_default_retcodes(config=None) -> None:
 
 
 set_default_retcodes()
+if any(a == "--module" or a.startswith("--module=") for a in sys.argv[1:]):
+    # `luigi --module workflows ...`: Luigi's parser reads every registered task's and config's flags
+    # (`--zerograph-threads`, `--TrainBlock-...`) right after importing this package
+    import tasks  # noqa: F401
 install_error_filter()  # user errors raised inside a task: one `error:` line, no traceback (workflows/errors.py)
 ending.install()  # the `luigi` command's exit code, last line and Ctrl-C (workflows/ending.py)
 failover.install()  # a task that raised is disabled at once; a lost worker's task is retried (workflows/failover.py)
 
 
-class RunExperiment(ConfiguredWorkflow):
-    """Run one experiment end to end: teacher → boundaries → blocks → assembled student → report.
-
-    Parameters:
-        config: a TOML or YAML experiment file (optional).
-        set: overrides, e.g. ``"train.lr=1e-4 blocks.1.lr=5e-5"``.
-        preset: a named preset from ``workflows/presets`` (``default``, ``tiny``, ``smoke``).
-        outputs: root folder of run artifacts.
-
-    Bad input fails at construction — before any task runs — with one ``error:`` line and exit
-    code ``CONFIG_ERROR_EXIT`` (2).
-    """
-
-    preset = luigi.Parameter(default="default", description="preset in workflows/presets")
-
-    def resolve(self):
-        return load_config(self.config, self.set, self.preset)
-
-    def requires(self):
-        return build_experiment(self.cfg, self.outputs)
-
-
-class PrepareInputs(RunExperiment):
-    """Only an experiment's teacher and tokenised corpus (``PrepareTeacher``, ``PrepareCorpus``).
-    Run once before starting workers on a cluster: with the corpus known, every worker schedules
-    the teacher cache's ``BoundaryShard`` tasks and luigid shares them out. Same parameters as
-    :class:`RunExperiment`."""
-
-    def requires(self):
-        from tasks.teacher import PrepareCorpus
-
-        return PrepareCorpus(teacher=self.cfg["teacher"], corpus=self.cfg["corpus"], outputs=self.outputs)
-
-
-class ObjectiveStudy(RunExperiment):
-    """The composition study: {clean, noisy, denoise} x {cached, online} on one teacher, corpus,
-    seeds and teacher cache, with one comparison report (``ObjectiveStudyReport``).
-
-    Same parameters as :class:`RunExperiment`; the default preset is ``study``.
-    Source: ZeroGraph (arXiv:2611.02200), six-arm study.
-    """
-
-    preset = luigi.Parameter(default="study", description="preset in workflows/presets")
-
-    def requires(self):
-        return build_study(self.cfg, self.outputs)
-
-
-from .distill import DistillStudy  # noqa: E402 (subclasses RunExperiment)
-from .library import SelectStudent  # noqa: E402 (subclasses RunExperiment)
-
 __all__ = ["RunExperiment", "PrepareInputs", "ObjectiveStudy", "LocalLearningStudy", "DistillStudy", "SelectStudent", "build_experiment",
-           "build_study", "load_config", "CONFIG_ERROR_EXIT", "RETCODES"]
+           "build_study", "load_config", "all_workflows", "CONFIG_ERROR_EXIT", "RETCODES"]

@@ -1,13 +1,21 @@
-"""``zerograph``: what Luigi's own CLI does not give — each task's state, and an experiment's report."""
+"""``zerograph``: what Luigi's own CLI does not give — each task's state, and an experiment's report.
+
+Which workflow a preset belongs to, its root task and its report come from :mod:`workflows.registry`.
+Start-up stays light: this module imports neither torch nor transformers; a command that builds a
+graph imports the tasks when it builds it.
+"""
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from tasks import ZGTask
-
+from . import registry
 from .experiment import build_experiment, load_config, or_exit, walk  # noqa: F401 (walk: zerograph's and the tests')
+
+if TYPE_CHECKING:
+    from tasks import ZGTask
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="ZeroGraph: inspect experiments built with `luigi --module workflows RunExperiment`.")
@@ -40,92 +48,115 @@ def task_state(t: ZGTask) -> str:
     return "partial" if t.out_dir.with_name(t.out_dir.name + ".partial").is_dir() else "missing"
 
 
-def workflow_of(preset: str) -> str:
-    """The workflow a preset is run with: ``LocalLearningStudy`` for ``local_*``, ``DistillStudy``
-    for ``distill*``, ``ObjectiveStudy`` for ``study``, else ``RunExperiment``."""
-    from .experiment import preset_owner
+def pick(preset: str, workflow: Optional[str] = None) -> registry.Workflow:
+    """The registered workflow to inspect: ``workflow`` when given, else the owner of ``preset``
+    (:mod:`workflows.registry`; ``RunExperiment`` for an empty preset). An unknown workflow or preset
+    prints one line and exits ``CONFIG_ERROR_EXIT`` (2)."""
+    from zgcore.config.experiment import ConfigError
 
-    if preset and preset_owner(preset) == "LocalLearningStudy":
-        return "LocalLearningStudy"
-    if preset.startswith("distill"):
-        return "DistillStudy"
-    return "ObjectiveStudy" if preset == "study" else "RunExperiment"
-
-
-def _graph(config, set_, preset, outputs):
-    """The root task of the preset's workflow (:func:`workflow_of`: a study's report task, or an
-    experiment's); a configuration error prints one line and exits ``CONFIG_ERROR_EXIT`` (2)."""
-    over, kind = "\n".join(set_), workflow_of(preset)
-
-    def build():
-        if kind == "LocalLearningStudy":
-            from .local import build_local_study, load_local_config
-
-            return build_local_study(load_local_config(config, over, preset), outputs)
-        if kind == "DistillStudy":
-            from . import DistillStudy
-
-            return DistillStudy(config=config, set=over, preset=preset, outputs=outputs).requires()
-        if kind == "ObjectiveStudy":
-            from .experiment import build_study
-
-            return build_study(load_config(config, over, preset), outputs)
-        return build_experiment(load_config(config, over, preset), outputs)
-    return or_exit(build)
+    def find():
+        if workflow:
+            try:
+                return registry.get(workflow)
+            except KeyError as e:
+                raise ConfigError(e.args[0]) from None
+        found = registry.owner(preset) if preset else registry.get("RunExperiment")
+        if found is None:
+            raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(registry.preset_files())}")
+        return found
+    return or_exit(find)
 
 
-def run_command(config: str, set_: list[str] | str, preset: str, outputs: str) -> str:
+def root_tasks(config: str, set_: list[str] | str, preset: str, outputs: str, workflow: Optional[str] = None) -> list:
+    """The root tasks of the workflow (:func:`pick`) as ``luigi --module workflows <Workflow>`` builds
+    them from the same options; a configuration error prints one line and exits ``CONFIG_ERROR_EXIT`` (2)."""
+    import luigi.task
+
+    import workflows
+
+    wf = pick(preset, workflow)
+    over = set_ if isinstance(set_, str) else "\n".join(set_)
+    cls = getattr(workflows, wf.name)
+    return luigi.task.flatten(or_exit(lambda: cls(config=config, set=over, preset=preset, outputs=outputs).requires()))
+
+
+def all_tasks(roots: list) -> list:
+    """Every task under ``roots``, dependencies first, each once."""
+    seen: dict[str, object] = {}
+    for r in roots:
+        for t in walk(r):
+            seen.setdefault(t.task_id, t)
+    return list(seen.values())
+
+
+def run_command(config: str, set_: list[str] | str, preset: str, outputs: str, workflow: Optional[str] = None) -> str:
     """The `luigi` command that builds this experiment or study, with the options the user gave
     (each ``--set`` as given, in order)."""
-    args = [".venv/bin/luigi", "--module", "workflows", workflow_of(preset), "--local-scheduler"]
+    wf = pick(preset, workflow)
+    args = [".venv/bin/luigi", "--module", "workflows", wf.name, "--local-scheduler"]
     sets = [set_] if isinstance(set_, str) else list(set_)
-    for flag, value, default in (("--preset", preset, "default"), ("--config", config, ""),
+    for flag, value, default in (("--preset", preset, wf.default_preset), ("--config", config, ""),
                                  *(("--set", v, "") for v in sets), ("--outputs", outputs, "outputs")):
         if value != default:
             args += [flag, value]
     return shlex.join(args)
 
 
+WorkflowOpt = typer.Option(None, "--workflow", "-w", help="the workflow that ran, when not the preset's own: "
+                          + ", ".join(registry.names()) + " (workflows/registry.py)")
+
+
 @app.command(epilog="\n\n".join(f"{word}: {meaning}" for word, meaning in STATES.items()))
-def status(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt):
-    """Each task of an experiment or study (``--preset local_tiny``, ``distill_tiny``, ``study``: that
-    study's tasks), its state and its folder. Exits 0 when every task is done, else 1
-    (so a script can check a run that several workers shared); 2 on a configuration error. The
-    states are listed below."""
-    tasks = walk(_graph(config, set, preset, outputs))
+def status(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
+           workflow: Optional[str] = WorkflowOpt):
+    """Each task of the preset's workflow (``--preset library_tiny``: SelectStudent's tasks;
+    ``local_tiny``: the local learning study's), its state and its folder. Exits 0 when every task
+    is done, else 1 (so a script can check a run that several workers shared); 2 on a configuration
+    error. The states are listed below."""
+    tasks = all_tasks(root_tasks(config, set, preset, outputs, workflow))
     width = max(len(t.title()) for t in tasks)
     states = [task_state(t) for t in tasks]
     for t, state in zip(tasks, states):
         name = t.title()
         typer.echo(f"{name:<{width}}  {state:<8} {t.out_dir}")
     if any(s != "done" for s in states):
-        typer.echo(f"not all done; run: {run_command(config, set, preset, outputs)}", err=True)
+        typer.echo(f"not all done; run: {run_command(config, set, preset, outputs, workflow)}", err=True)
         raise typer.Exit(1)
+
+
+def report_path(roots: list, wf: registry.Workflow, as_json: bool = False):
+    """The report file of a workflow's root task (:attr:`workflows.registry.Workflow.report`, or the
+    ``.json`` beside it)."""
+    from pathlib import Path
+
+    name = Path(wf.report).with_suffix(".json").name if as_json else wf.report
+    return roots[0].out_dir / name
 
 
 @app.command()
 def report(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
+           workflow: Optional[str] = WorkflowOpt,
            as_json: bool = typer.Option(False, "--json", help="print report.json instead of report.md")):
-    """Print an experiment's report, or a study's (``--preset local_tiny``, ``distill_tiny``,
-    ``study``: the study's own report); exit 1 if it has not been built, with the command that builds
-    it; 2 on a configuration error."""
-    ev = _graph(config, set, preset, outputs)
-    path = ev.out_dir / ("report.json" if as_json else "report.md")
+    """Print the report of the preset's workflow (``--preset library_tiny``: the library's;
+    ``distill_tiny``: the distillation study's); exit 1 if it has not been built, with the command
+    that builds it; 2 on a configuration error."""
+    path = report_path(root_tasks(config, set, preset, outputs, workflow), pick(preset, workflow), as_json)
     if not path.is_file():
-        typer.echo(f"no report yet at {path}; run: {run_command(config, set, preset, outputs)}", err=True)
+        typer.echo(f"no report yet at {path}; run: {run_command(config, set, preset, outputs, workflow)}", err=True)
         raise typer.Exit(1)
     typer.echo(path.read_text())
 
 
 @app.command()
 def verify(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
+           workflow: Optional[str] = WorkflowOpt,
            clean: bool = typer.Option(False, "--clean", help="first remove every temporary file or folder under "
                                       "--outputs whose writer is gone (killed, node lost)"),
            stale_hours: float = typer.Option(24.0, "--stale-hours", help="with --clean: a temporary name written on "
                                              "another host is a dead writer's once unchanged this long")):
-    """Check every byte of an experiment's stored artefacts that a run checks only in part when it
-    reads them (every shard of the boundary store, against the SHA-256 recorded when it was
-    written; the statistics files; every file of every finished task output, against the SHA-256
+    """Check every byte of the stored artefacts of the preset's workflow that a run checks only in
+    part when it reads them (every shard of the boundary store, against the SHA-256 recorded when it
+    was written; the statistics files; every file of every finished task output, against the SHA-256
     in its task.json), with a progress bar. Each damaged shard, file or output is named and
     moved aside (<folder>.damaged-<time>) so that the next run rebuilds it; exits 1 if any was
     damaged, 0 when all are whole, 2 on a configuration error."""
@@ -135,14 +166,42 @@ def verify(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
     if clean:
         for p in clean_leftovers(outputs, stale_hours * 3600):
             typer.echo(f"removed {p}, left by a writer that no longer runs")
-    items, problems = run_checks(walk(_graph(config, set, preset, outputs)))
+    items, problems = run_checks(all_tasks(root_tasks(config, set, preset, outputs, workflow)))
     for path, why in problems:
         typer.echo(f"damaged: {path}: {why}", err=True)
     if problems:
-        typer.echo(f"{len(problems)} damaged of {len(items)} checked; rebuild with: {run_command(config, set, preset, outputs)}",
-                   err=True)
+        typer.echo(f"{len(problems)} damaged of {len(items)} checked; rebuild with: "
+                   f"{run_command(config, set, preset, outputs, workflow)}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"verified {len(items)} item(s), {sum(i.nbytes for i in items) / 1e9:.3f} GB: all whole")
+    folders = {i.folder.resolve() for i in items if i.folder is not None}
+    typer.echo(f"verified {len(items)} item(s) of {len(folders)} output(s), {sum(i.nbytes for i in items) / 1e9:.3f} GB: "
+               "all whole")
+
+
+@app.command()
+def clean(outputs: str = OutputsOpt,
+          yes: bool = typer.Option(False, "--yes", "-y", help="remove them (without it: only list them)"),
+          stale_hours: float = typer.Option(24.0, "--stale-hours", help="a temporary name written on another host "
+                                            "is a dead writer's once unchanged this long")):
+    """List the folders and files set aside under --outputs, with their sizes: outputs moved aside
+    as stale or damaged (``<folder>.stale-*``, ``<folder>.damaged-*``, kept for inspection) and
+    temporary names whose writer is gone; with ``--yes``, remove them. Never touches a finished
+    output, a ``.partial`` work folder (a resumable checkpoint) or a live writer's temporary name.
+    Exits 0."""
+    from .verify_outputs import remove_set_aside, set_aside
+
+    found = set_aside(outputs, stale_hours * 3600)
+    for path, kind, size in found:
+        typer.echo(f"{size / 1e6:10.1f} MB  {kind:<9} {path}")
+    total = sum(size for _, _, size in found) / 1e6
+    if not found:
+        typer.echo(f"nothing set aside under {outputs}")
+    elif yes:
+        remove_set_aside([p for p, _, _ in found])
+        typer.echo(f"removed {len(found)} set-aside item(s), {total:.1f} MB")
+    else:
+        typer.echo(f"{len(found)} set-aside item(s), {total:.1f} MB; remove them with: zerograph clean --outputs "
+                   f"{shlex.quote(outputs)} --yes")
 
 
 from .slurm import app as slurm_app  # noqa: E402

@@ -1,23 +1,27 @@
 """``luigi --module workflows DistillStudy --local-scheduler``: should I distil blockwise or end to end?"""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import luigi
 
-from tasks.distill import DistillStudyReport
-from tasks.distill_seeds import DistillSeedsReport
 from zgcore.config import experiment as zconfig
-from zgcore.models.shapes import check_one_width
 
-from .experiment import block_settings, load_config
-from . import RunExperiment
+from . import registry
+from .experiment import RunExperiment, block_settings, load_config
+
+if TYPE_CHECKING:
+    from tasks.distill import DistillStudyReport
+    from tasks.distill_seeds import DistillSeedsReport
 
 
 def build_distill_study(cfg: dict[str, Any], outputs: str = "outputs") -> DistillStudyReport | DistillSeedsReport:
     """The report task over the four arms of one resolved experiment (``heal.steps`` > 0
     required); with ``seeds``, a :class:`DistillSeedsReport` over one study per seed (each seed
     replaces ``train.seed``, ``heal.seed`` and ``distill.seed``)."""
+    from tasks.distill import DistillStudyReport
+    from tasks.distill_seeds import DistillSeedsReport
+
     if cfg.get("seeds"):
         studies = [{"seed": int(s), "blocks": block_settings(cfg, s), "heal": {**cfg["heal"], "seed": int(s)},
                     "distill": {**cfg["distill"], "seed": int(s)}} for s in cfg["seeds"]]
@@ -41,7 +45,11 @@ class DistillStudy(RunExperiment):
     Raises ``zgcore.config.experiment.ConfigError`` at construction on bad input, ``heal.steps = 0`` included.
     """
 
+    preset = luigi.Parameter(default=registry.get("DistillStudy").default_preset, description="preset in workflows/presets")
+
     def resolve(self):
+        from zgcore.models.shapes import check_one_width
+
         cfg = load_config(self.config, self.set, self.preset, seeded_heal=True)
         if not int(cfg["heal"]["steps"]):
             raise zconfig.ConfigError("DistillStudy needs heal.steps > 0 for its healed arm (c), e.g. --set heal.steps=50")

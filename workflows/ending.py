@@ -14,14 +14,22 @@ up at call time) for workflows of this package only:
   not done;
 * the report's path is printed after Luigi's summary, also on a rerun that had nothing to do;
 * Ctrl-C (``KeyboardInterrupt``) prints :data:`INTERRUPTED` on stderr instead of a traceback and
-  exits :data:`INTERRUPTED_EXIT` (128 + SIGINT, what a shell reports for a command it interrupted).
+  exits :data:`INTERRUPTED_EXIT` (128 + SIGINT, what a shell reports for a command it interrupted);
+* SIGTERM (how Slurm pre-empts or cancels a job, and ``kill``'s default) ends the run the same way:
+  the task stops where it is, its checkpoints stay in ``<folder>.partial``, :data:`TERMINATED` is
+  printed and the command exits :data:`TERMINATED_EXIT` (128 + SIGTERM); the same command resumes;
+* without ``--local-scheduler``, a scheduler (luigid) that does not answer within
+  :data:`SCHEDULER_TIMEOUT_S` ends the command at once with one line naming both fixes, exit
+  :data:`NO_SCHEDULER_EXIT`, instead of Luigi's minute of retries and a traceback.
 """
 from __future__ import annotations
 
 import functools
 import os
 import signal
+import socket
 import sys
+import urllib.parse
 from pathlib import Path
 
 import luigi
@@ -31,14 +39,62 @@ import luigi.retcodes
 
 INTERRUPTED = "interrupted; rerun the same command to resume from the last checkpoint"
 INTERRUPTED_EXIT = 130
+TERMINATED = "terminated (SIGTERM); rerun the same command to resume from the last checkpoint"
+TERMINATED_EXIT = 143
+NO_SCHEDULER_EXIT = 2  # as a configuration error: nothing ran
+SCHEDULER_TIMEOUT_S = 3.0
 _MAIN_PID = os.getpid()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread of the ``luigi`` command's process: it unwinds the run
+    as Ctrl-C does (Luigi stops its task processes, the task's checkpoints stay)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    import multiprocessing
+
+    if os.getpid() == _MAIN_PID:
+        raise Terminated()
+    if multiprocessing.current_process().name.startswith("zerograph-prefetch"):
+        return  # a prefetch worker: its training process stops it, as on Ctrl-C (zgcore/data/process_workers.py)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a Luigi task process (--workers N): end as before
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def scheduler_problem(cmdline_args) -> str | None:
+    """One line saying that no luigid answers where this command would look for one, naming both
+    fixes; ``None`` with ``--local-scheduler``, or when it answers (a TCP connection within
+    :data:`SCHEDULER_TIMEOUT_S`), or for an address that is not ``http(s)`` (not checked)."""
+    from luigi.cmdline_parser import CmdlineParser
+
+    with CmdlineParser.global_instance(list(cmdline_args)):
+        env = luigi.interface.core()
+    if env.local_scheduler:
+        return None
+    url = env.scheduler_url or f"http://{env.scheduler_host}:{env.scheduler_port}"
+    u = urllib.parse.urlparse(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return None
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)),
+                                 timeout=SCHEDULER_TIMEOUT_S).close()
+        return None
+    except OSError as e:
+        return (f"error: no Luigi scheduler answers at {url} ({e.strerror or e}): add --local-scheduler to run on this "
+                "machine alone, or start luigid (`luigid --background`) or set [core] default-scheduler-url in "
+                "luigi.cfg to one that runs (nothing ran)")
+
+
 def report_path(root: luigi.Task) -> Path | None:
-    """The ``report.md`` a workflow's run ends with, when it exists (``None`` for workflows without a
-    report, e.g. ``PrepareInputs``, and before the report is built)."""
+    """The report a workflow's run ends with (its :mod:`workflows.registry` entry's ``report``, else
+    ``report.md``), when it exists (``None`` for workflows without a report, e.g. ``PrepareInputs``,
+    and before the report is built)."""
+    from . import registry
+
+    name = registry.get(root.get_task_family()).report if root.get_task_family() in registry.names() else "report.md"
     for t in luigi.task.flatten(root.requires()):
-        p = Path(getattr(t, "out_dir", "")) / "report.md"
+        p = Path(getattr(t, "out_dir", "")) / name
         if getattr(t, "out_dir", None) is not None and p.is_file():
             return p
     return None
@@ -80,12 +136,19 @@ def install() -> None:
         # only the `luigi` command's own call; luigi.run() from Python keeps Luigi's behaviour
         if sys._getframe(1).f_code is not luigi.retcodes.run_with_retcodes.__code__:
             return original(*args, **kwargs)
+        argv = args[0] if args else kwargs.get("cmdline_args")
+        problem = scheduler_problem(sys.argv[1:] if argv is None else argv)
+        if problem:
+            print(problem, file=sys.stderr, flush=True)
+            sys.exit(NO_SCHEDULER_EXIT)
+        signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             result = original(*args, **kwargs)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             sys.stdout.flush()
-            print(f"\n{INTERRUPTED}", file=sys.stderr, flush=True)
-            sys.exit(INTERRUPTED_EXIT)
+            terminated = isinstance(e, Terminated)
+            print(f"\n{TERMINATED if terminated else INTERRUPTED}", file=sys.stderr, flush=True)
+            sys.exit(TERMINATED_EXIT if terminated else INTERRUPTED_EXIT)
         finish(result)
         return result
 

@@ -13,25 +13,32 @@ import logging
 import os
 import sys
 
-from zgcore.data.boundary_store import BoundaryStoreError
-from zgcore.checks import ConfigError
-from zgcore.data.corpus import TokenStoreError
-from zgcore.data.feed import PrefetchError
-from tasks.base import DamagedOutputError, ZGTask
-
 from .experiment import TRACEBACK_ENV
-USER_ERRORS = (ConfigError, BoundaryStoreError, TokenStoreError, DamagedOutputError, PrefetchError)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions whose message says what to fix: imported when a task failed (the library is
+    loaded by then), so that importing :mod:`workflows` loads no torch."""
+    from tasks.base import DamagedOutputError
+    from zgcore.checks import ConfigError
+    from zgcore.data.boundary_store import BoundaryStoreError
+    from zgcore.data.corpus import TokenStoreError
+    from zgcore.data.feed import PrefetchError
+
+    return ConfigError, BoundaryStoreError, TokenStoreError, DamagedOutputError, PrefetchError
 
 
 class OneLineUserErrors(logging.Filter):
     """A filter for the ``luigi-interface`` logger: a failure record whose exception is one of
-    :data:`USER_ERRORS` is replaced by ``error: <task family> <label>: <message>`` on stderr, with
+    :func:`user_errors` is replaced by ``error: <task family> <label>: <message>`` on stderr, with
     no traceback, unless ``ZG_TRACEBACK=1``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, USER_ERRORS) and os.environ.get(TRACEBACK_ENV, "") in ("", "0"):
+        if exc is not None and isinstance(exc, user_errors()) and os.environ.get(TRACEBACK_ENV, "") in ("", "0"):
             task = record.args[-1] if isinstance(record.args, tuple) and record.args else None
+            from tasks.base import ZGTask
+
             name = task.title() if isinstance(task, ZGTask) else str(task or "task")
             print(f"error: {name}: {exc} ({TRACEBACK_ENV}=1 shows the traceback)", file=sys.stderr, flush=True)
             return False

@@ -4,18 +4,18 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import luigi
 from luigi.cmdline_parser import CmdlineParser
-from luigi.task import flatten
 
-from tasks import Evaluate, ObjectiveStudyReport, SeedSummary, ZGTask
 from zgcore.config import experiment as zconfig
-from zgcore.models.teacher import describe
 
-PRESETS = Path(__file__).parent / "presets"
+from . import registry
+from .registry import PRESETS
+
+if TYPE_CHECKING:
+    from tasks import ObjectiveStudyReport, ZGTask
 STUDY_OBJECTIVES = ("clean", "noisy", "denoise")
 STUDY_TARGETS = ("cached", "online")
 # Exit code of every configuration error (`luigi --module workflows ...` and `zerograph`): nothing ran.
@@ -40,38 +40,27 @@ def or_exit(make: Callable[[], T]) -> T:
         sys.exit(CONFIG_ERROR_EXIT)
 
 
-# Which workflow reads which presets (first match): local-learning presets have another schema.
-PRESET_OWNERS = (("local_*", "LocalLearningStudy"), ("*", "RunExperiment"))
-OWNER_WORKFLOWS = {"LocalLearningStudy": "LocalLearningStudy",
-                   "RunExperiment": "RunExperiment, ObjectiveStudy, DistillStudy, SelectStudent or PrepareInputs"}
-
-
-def preset_owner(preset: str) -> str:
-    """The workflow family whose schema ``preset`` follows (see :data:`PRESET_OWNERS`)."""
-    import fnmatch
-
-    return next(owner for pattern, owner in PRESET_OWNERS if fnmatch.fnmatch(preset, pattern))
-
-
-def load_preset(preset: str, owner: str = "RunExperiment") -> dict[str, Any]:
-    """The mapping of ``workflows/presets/<preset>.toml`` ({} for an empty name), for a workflow of
-    family ``owner`` (``RunExperiment`` or ``LocalLearningStudy``).
+def load_preset(preset: str, schema: str = "experiment") -> dict[str, Any]:
+    """The mapping of ``workflows/presets/<preset>.toml`` ({} for an empty name), for a workflow whose
+    presets follow ``schema`` (``experiment`` or ``local``; :mod:`workflows.registry`).
 
     Raises:
-        zgcore.config.experiment.ConfigError: no such preset (the message lists ``owner``'s presets), or a
-            preset of another workflow (the message names it and the command that runs it).
+        zgcore.config.experiment.ConfigError: no such preset (the message lists the presets of
+            ``schema``), or a preset of another schema (the message names its workflow and the command
+            that runs it).
     """
     if not preset:
         return {}
-    p = PRESETS / f"{preset}.toml"
-    mine = sorted(x.stem for x in PRESETS.glob("*.toml") if preset_owner(x.stem) == owner)
-    if not p.is_file():
+    mine = registry.presets_of_schema(schema)
+    if not (PRESETS / f"{preset}.toml").is_file():
         raise zconfig.ConfigError(f"unknown preset {preset!r}; known: {', '.join(mine)}")
-    if preset_owner(preset) != owner:
-        other = preset_owner(preset)
-        raise zconfig.ConfigError(f"preset {preset!r} belongs to {OWNER_WORKFLOWS[other]}: run `luigi --module workflows "
-                                  f"{other} --preset {preset} --local-scheduler`; this workflow's presets: {', '.join(mine)}")
-    return zconfig.load_file(p)
+    other = registry.owner(preset)
+    if other is None:
+        raise zconfig.ConfigError(f"preset {preset!r} belongs to no registered workflow (workflows/registry.py)")
+    if other.schema != schema:
+        raise zconfig.ConfigError(f"preset {preset!r} belongs to {', '.join(registry.workflows_of_schema(other.schema))}: "
+                                  f"run `{other.command(preset)}`; this workflow's presets: {', '.join(mine)}")
+    return zconfig.load_file(PRESETS / f"{preset}.toml")
 
 
 class OverridesParameter(luigi.Parameter):
@@ -119,6 +108,8 @@ def load_config(config: str = "", overrides: str = "", preset: str = "", seeded_
     Raises:
         zgcore.config.experiment.ConfigError: anything that would fail later, with what to fix.
     """
+    from zgcore.models.teacher import describe
+
     cfg = zconfig.resolve(config or None, overrides or None, base=load_preset(preset))
     info = describe(cfg["teacher"])
     zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"], info.mlp_width)
@@ -150,6 +141,8 @@ def check_kv_heads(cfg: dict[str, Any]) -> None:
 
 def walk(task: ZGTask) -> list[ZGTask]:
     """Every task of the graph under ``task``, dependencies first, each once."""
+    from luigi.task import flatten
+
     seen: dict[str, ZGTask] = {}
 
     def visit(t):
@@ -185,6 +178,8 @@ def _common(cfg: dict[str, Any], outputs: str) -> dict[str, Any]:
 
 def build_experiment(cfg: dict[str, Any], outputs: str = "outputs") -> ZGTask:
     """The root task of a resolved experiment: its Evaluate, or a SeedSummary over ``seeds``."""
+    from tasks import Evaluate, SeedSummary
+
     if not cfg.get("seeds"):
         return Evaluate(blocks=block_settings(cfg), heal=cfg["heal"], **_common(cfg, outputs))
     return SeedSummary(seeds=list(cfg["seeds"]), blocks_per_seed=[block_settings(cfg, s) for s in cfg["seeds"]],
@@ -193,6 +188,8 @@ def build_experiment(cfg: dict[str, Any], outputs: str = "outputs") -> ZGTask:
 
 def build_study(cfg: dict[str, Any], outputs: str = "outputs") -> ObjectiveStudyReport:
     """The objective study: {clean, noisy, denoise} x {cached, online} arms for every seed."""
+    from tasks import ObjectiveStudyReport
+
     arms = []
     for obj in STUDY_OBJECTIVES:
         for tg in STUDY_TARGETS:
@@ -200,3 +197,52 @@ def build_study(cfg: dict[str, Any], outputs: str = "outputs") -> ObjectiveStudy
                 blocks = block_settings(cfg, s, objective=obj, targets=tg)
                 arms.append({"objective": obj, "targets": tg, "seed": blocks[0]["seed"], "blocks": blocks})
     return ObjectiveStudyReport(arms=arms, **_common(cfg, outputs))
+
+
+class RunExperiment(ConfiguredWorkflow):
+    """Run one experiment end to end: teacher → boundaries → blocks → assembled student → report.
+
+    Parameters:
+        config: a TOML or YAML experiment file (optional).
+        set: overrides, e.g. ``"train.lr=1e-4 blocks.1.lr=5e-5"``.
+        preset: a named preset from ``workflows/presets`` (``default``, ``tiny``, ...; any preset of
+            the experiment schema, :mod:`workflows.registry`).
+        outputs: root folder of run artifacts.
+
+    Bad input fails at construction — before any task runs — with one ``error:`` line and exit
+    code ``CONFIG_ERROR_EXIT`` (2).
+    """
+
+    preset = luigi.Parameter(default=registry.get("RunExperiment").default_preset, description="preset in workflows/presets")
+
+    def resolve(self):
+        return load_config(self.config, self.set, self.preset)
+
+    def requires(self):
+        return build_experiment(self.cfg, self.outputs)
+
+
+class PrepareInputs(RunExperiment):
+    """Only an experiment's teacher and tokenised corpus (``PrepareTeacher``, ``PrepareCorpus``).
+    Run once before starting workers on a cluster: with the corpus known, every worker schedules
+    the teacher cache's ``BoundaryShard`` tasks and luigid shares them out. Same parameters as
+    :class:`RunExperiment`."""
+
+    def requires(self):
+        from tasks.teacher import PrepareCorpus
+
+        return PrepareCorpus(teacher=self.cfg["teacher"], corpus=self.cfg["corpus"], outputs=self.outputs)
+
+
+class ObjectiveStudy(RunExperiment):
+    """The composition study: {clean, noisy, denoise} x {cached, online} on one teacher, corpus,
+    seeds and teacher cache, with one comparison report (``ObjectiveStudyReport``).
+
+    Same parameters as :class:`RunExperiment`; the default preset is ``study``.
+    Source: ZeroGraph (arXiv:2611.02200), six-arm study.
+    """
+
+    preset = luigi.Parameter(default=registry.get("ObjectiveStudy").default_preset, description="preset in workflows/presets")
+
+    def requires(self):
+        return build_study(self.cfg, self.outputs)

@@ -9,21 +9,17 @@ terms — a budget no choice fits fails here, naming the smallest feasible one.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import luigi
 
-from tasks.library_report import LibraryReport
 from zgcore.config import experiment as zconfig
-from zgcore.config import library
-from zgcore.models.channels import mlp_width
-from zgcore.models.costs import block_cost, student_extra, teacher_config
-from zgcore.models.heads import check_kv_heads, kv_heads
-from zgcore.models.hetero import HETERO_FAMILIES
-from zgcore.models.shapes import n_kept, resolve_boundaries
 
-from . import RunExperiment
-from .experiment import block_settings, load_config
+from . import registry
+from .experiment import RunExperiment, block_settings, load_config
+
+if TYPE_CHECKING:
+    from tasks.library_report import LibraryReport
 
 
 def _where(cfg: dict[str, Any], i: int, j: int) -> str:
@@ -41,6 +37,13 @@ def library_plan(cfg: dict[str, Any]) -> dict[str, Any]:
             rows apart (``eval.max_sequences`` 0), a variant the partition or family cannot build,
             or a budget below the smallest student (the message names it).
     """
+    from zgcore.config import library
+    from zgcore.models.channels import mlp_width
+    from zgcore.models.costs import block_cost, student_extra, teacher_config
+    from zgcore.models.heads import check_kv_heads, kv_heads
+    from zgcore.models.hetero import HETERO_FAMILIES
+    from zgcore.models.shapes import n_kept, resolve_boundaries
+
     lib = cfg["library"]
     if not library.active(cfg):
         raise zconfig.ConfigError("SelectStudent needs a library: set library.variants (or library.blocks.<i>.variants), "
@@ -115,6 +118,8 @@ def library_plan(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def build_library(cfg: dict[str, Any], outputs: str = "outputs", plan: dict[str, Any] | None = None) -> LibraryReport:
     """The library's report task for a resolved configuration (``plan``: :func:`library_plan`'s, if done)."""
+    from tasks.library_report import LibraryReport
+
     plan = plan or library_plan(cfg)
     return LibraryReport(teacher=cfg["teacher"], corpus=cfg["corpus"], boundary=cfg["boundary"], eval=cfg["eval"],
                          candidates=[[{"train": c["train"], "name": c["name"]} for c in p] for p in plan["candidates"]],
@@ -131,7 +136,7 @@ class SelectStudent(RunExperiment):
     Raises ``zgcore.config.experiment.ConfigError`` at construction on bad input, an infeasible budget included.
     """
 
-    preset = luigi.Parameter(default="library", description="preset in workflows/presets")
+    preset = luigi.Parameter(default=registry.get("SelectStudent").default_preset, description="preset in workflows/presets")
 
     def resolve(self):
         cfg = load_config(self.config, self.set, self.preset)

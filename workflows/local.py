@@ -1,16 +1,17 @@
 """``luigi --module workflows LocalLearningStudy --local-scheduler``: the greedy local learning study."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import luigi
 
-from tasks.local_report import LocalStudyReport
-from zgcore import local as zlocal
 from zgcore.config import experiment as zconfig
-from zgcore.models.teacher import describe
 
+from . import registry
 from .experiment import ConfiguredWorkflow, load_preset
+
+if TYPE_CHECKING:
+    from tasks.local_report import LocalStudyReport
 
 
 def load_local_config(config: str = "", overrides: str = "", preset: str = "local_default") -> dict[str, Any]:
@@ -22,7 +23,10 @@ def load_local_config(config: str = "", overrides: str = "", preset: str = "loca
         zgcore.config.experiment.ConfigError: what to fix (K above the layer count, an MTP boundary that does not
             exist, an unknown aux head, an unknown preset or key, ...).
     """
-    cfg = zlocal.resolve_local(config or None, overrides or None, base=load_preset(preset, "LocalLearningStudy"))
+    from zgcore import local as zlocal
+    from zgcore.models.teacher import describe
+
+    cfg = zlocal.resolve_local(config or None, overrides or None, base=load_preset(preset, "local"))
     info = describe(cfg["tokenizer"])
     if int(cfg["corpus"]["seq_len"]) > info.max_positions:
         raise zconfig.ConfigError(f"corpus.seq_len={cfg['corpus']['seq_len']} exceeds the context of {cfg['tokenizer']} "
@@ -32,6 +36,9 @@ def load_local_config(config: str = "", overrides: str = "", preset: str = "loca
 
 def build_local_study(cfg: dict[str, Any], outputs: str = "outputs") -> LocalStudyReport:
     """The report task (and through it every configuration's pretraining and evaluation)."""
+    from tasks.local_report import LocalStudyReport
+    from zgcore import local as zlocal
+
     lrs = zlocal.study_lrs(cfg)
     return LocalStudyReport(tokenizer=cfg["tokenizer"], corpus=cfg["corpus"], cells=zlocal.expand_seeds(cfg),
                             eval=cfg["eval"], name=cfg["name"], outputs=outputs, device=cfg["device"],
@@ -57,7 +64,8 @@ class LocalLearningStudy(ConfiguredWorkflow):
     Raises ``zgcore.config.experiment.ConfigError`` at construction, before any task runs, on bad input.
     """
 
-    preset = luigi.Parameter(default="local_default", description="preset in workflows/presets (local_*)")
+    preset = luigi.Parameter(default=registry.get("LocalLearningStudy").default_preset,
+                             description="preset in workflows/presets (local_*)")
 
     def resolve(self):
         return load_local_config(self.config, self.set, self.preset)

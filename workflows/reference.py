@@ -136,15 +136,17 @@ def sections() -> list[tuple[str, str, dict[str, Any], dict[str, str], dict[str,
     from zgcore.local import config as local_config
     from zgcore.training.objectives import OBJECTIVES
 
+    from .registry import workflows_of_schema
+
     main_choices = {**defaults.CHOICES, "train.objective": tuple(OBJECTIVES)}
+    main, local = workflows_of_schema("experiment"), workflows_of_schema("local")
     return [
-        ("RunExperiment, ObjectiveStudy, DistillStudy",
-         "Read by `RunExperiment`, `PrepareInputs`, `ObjectiveStudy` and `DistillStudy` "
-         "(`zgcore/config/defaults.py`, `DEFAULTS`). "
+        (", ".join(main),
+         "Read by " + ", ".join(f"`{w}`" for w in [*main, "PrepareInputs"]) + " (`zgcore/config/defaults.py`, `DEFAULTS`). "
          "Every `train.*` key can also be set for one block as `blocks.N.<key>`.",
          defaults.DEFAULTS, meanings("zgcore.config.defaults", "DEFAULTS"), main_choices),
-        ("LocalLearningStudy",
-         "Read by `LocalLearningStudy` (`zgcore/local/config.py`, `LOCAL_DEFAULTS`; presets `local_*`).",
+        (", ".join(local),
+         "Read by " + ", ".join(f"`{w}`" for w in local) + " (`zgcore/local/config.py`, `LOCAL_DEFAULTS`; presets `local_*`).",
          local_config.LOCAL_DEFAULTS,
          meanings("zgcore.local.config", "LOCAL_DEFAULTS", ("zgcore.config.defaults",)),
          local_config.LOCAL_CHOICES),

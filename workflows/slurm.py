@@ -38,6 +38,7 @@ from typing import Any, Optional
 import typer
 import typer.core
 
+from . import registry
 from .slurm_cluster import (ACTIVE, ROOT, SLURM_TOOLS, UsageError, job_states, local_folder_reason, luigi_cfg_path,
                             partition_nodes, scheduler_address, short_host, start_luigid, stop_luigid, free_port,
                             worker_script, write_luigid_cfg, slurm)
@@ -58,14 +59,16 @@ class WorkflowFirst(typer.core.TyperGroup):
 
 
 app = typer.Typer(cls=WorkflowFirst, add_completion=False, no_args_is_help=True,
-                  help="Run a workflow on a Slurm cluster: luigid here, N worker jobs (docs/slurm.md).")
+                  help="Run a workflow on a Slurm cluster: luigid here, N worker jobs (docs/slurm.md). "
+                       "Workflows: " + ", ".join(registry.names()) + ".")
 
 ConfigOpt = typer.Option("", "--config", "-c", help="experiment file (.toml/.yaml)")
 SetOpt = typer.Option([], "--set", "-s", help='overrides, e.g. "train.lr=1e-4 blocks.1.lr=5e-5"; repeatable '
                                              '(applied in order: a later key wins)')
 PresetOpt = typer.Option(None, "--preset", "-p", help="preset in workflows/presets (default: the workflow's)")
 OutputsOpt = typer.Option(..., "--outputs", "-o", help="root folder of run artifacts: absolute, shared by every node")
-WorkflowArg = typer.Argument("RunExperiment", help="RunExperiment, ObjectiveStudy, LocalLearningStudy or DistillStudy")
+WorkflowArg = typer.Argument("RunExperiment", help=" or ".join(", ".join(registry.names()).rsplit(", ", 1))
+                             + " (workflows/registry.py)")
 
 
 def _check_tools() -> None:

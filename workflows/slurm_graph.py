@@ -33,12 +33,12 @@ def fail(msg: str) -> None:
 # --- the workflow ------------------------------------------------------------------------------
 
 def workflow_classes() -> dict[str, type]:
-    """The top-level workflows a launch can run, by name (``RunExperiment``, ``ObjectiveStudy``, ...)."""
+    """The top-level workflows a launch can run, by name: those of :mod:`workflows.registry`."""
     import workflows
-    from .experiment import ConfiguredWorkflow
 
-    return {name: obj for name in workflows.__all__ if isinstance(obj := getattr(workflows, name), type)
-            and issubclass(obj, ConfiguredWorkflow) and name != "PrepareInputs"}
+    from . import registry
+
+    return {name: getattr(workflows, name) for name in registry.names()}
 
 
 def experiment_options(config: str, set_: str, preset: Optional[str], outputs: str) -> list[str]:
@@ -94,11 +94,15 @@ def missing_tasks(wf) -> list:
 
 
 def reports(wf) -> list[Path]:
-    """The report of each root task (``report.md`` in its folder, else the folder)."""
+    """The report of each root task (its :mod:`workflows.registry` entry's ``report`` in its folder,
+    else the folder)."""
+    from . import registry
+
+    name = registry.get(wf.get_task_family()).report if wf.get_task_family() in registry.names() else "report.md"
     out = []
     for t in flatten(wf.requires()):
         d = Path(t.out_dir)
-        out.append(d / "report.md" if (d / "report.md").is_file() else d)
+        out.append(d / name if (d / name).is_file() else d)
     return out
 
 

@@ -11,33 +11,19 @@ progress bar) and a ``check(progress)`` that returns ``(path, what is wrong)`` p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from tqdm import tqdm
 
-from tasks import ZGTask
+from .verify_outputs import Item, Problem, task_outputs
 
-Problem = tuple[Path, str]
+if TYPE_CHECKING:
+    from tasks import ZGTask
 
+__all__ = ["Item", "Problem", "Checker", "CHECKERS", "boundary_stores", "task_outputs", "verify"]
 
-@dataclass(frozen=True)
-class Item:
-    """One thing :func:`verify` checks.
-
-    Attributes:
-        what: names it in messages (e.g. ``"boundary shard <folder>"``).
-        nbytes: bytes it reads (the progress bar's share; 0 if unknown).
-        check: ``check(progress)`` checks it, calling ``progress(bytes)`` as it reads, moves what is
-            damaged aside, and returns ``(path, what is wrong)`` per damaged file (``[]``: whole).
-    """
-    what: str
-    nbytes: int
-    check: Callable[[Callable[[int], None]], list[Problem]]
-
-
-Checker = Callable[[Sequence[ZGTask]], list[Item]]
+Checker = Callable[[Sequence["ZGTask"]], list[Item]]
 
 
 def boundary_stores(tasks: Sequence[ZGTask]) -> list[Item]:
@@ -56,7 +42,7 @@ def boundary_stores(tasks: Sequence[ZGTask]) -> list[Item]:
                 shards.setdefault(folder, files)
             root = t.out_dir
             items.append(Item(f"boundary statistics {root}", sum(p.stat().st_size for p in root.glob("stats-b*.npy")),
-                              lambda progress, root=root: check_stats(root, progress)))
+                              lambda progress, root=root: check_stats(root, progress), folder=root))
         elif isinstance(t, BoundaryShard) and (t.out_dir / SHARD_FILE).is_file():
             shards.setdefault(t.out_dir.resolve(), read_shard_record(t.out_dir)["files"])
     for folder, files in shards.items():
@@ -64,12 +50,12 @@ def boundary_stores(tasks: Sequence[ZGTask]) -> list[Item]:
             continue
         size = sum((folder / e["name"]).stat().st_size for e in files.values() if (folder / e["name"]).is_file())
         items.insert(0, Item(f"boundary shard {folder}", size,
-                             lambda progress, folder=folder, files=files: check_shard(folder, files, progress)))
+                             lambda progress, folder=folder, files=files: check_shard(folder, files, progress), folder=folder))
     return items
 
 
 # what `zerograph verify` checks, in order; each entry maps the experiment's tasks to items
-CHECKERS: list[Checker] = [boundary_stores]
+CHECKERS: list[Checker] = [boundary_stores, task_outputs]  # task_outputs: every finished output against its task.json
 
 
 def verify(tasks: Sequence[ZGTask], checkers: Iterable[Checker] | None = None,
@@ -84,8 +70,3 @@ def verify(tasks: Sequence[ZGTask], checkers: Iterable[Checker] | None = None,
         for item in items:
             problems += item.check(pb.update)
     return items, problems
-
-
-from .verify_outputs import task_outputs  # noqa: E402 (it builds on Item above)
-
-CHECKERS.append(task_outputs)  # every finished output's files against the SHA-256 in its task.json

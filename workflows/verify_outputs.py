@@ -7,18 +7,47 @@
   (``<folder>.damaged-<time>-<id>``) so that the next run rebuilds that task.
 * :func:`clean_leftovers`: every temporary name under the outputs folder whose writer is gone
   (:func:`zgcore.atomic.is_stale`), removed.
+* :func:`set_aside`: what ``zerograph clean`` lists and removes: outputs moved aside as stale or
+  damaged, and dead writers' temporary names.
+
+:class:`Item`, the unit every checker of :data:`workflows.verify.CHECKERS` returns, lives here so
+that the two modules import one way (verify -> verify_outputs).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from tasks import ZGTask
-from zgcore.atomic import STALE_AFTER_S, remove_stale_temps
+from zgcore.atomic import STALE_AFTER_S, is_stale, remove_stale_temps, temp_writer
 
-from .verify import Item, Problem
+if TYPE_CHECKING:
+    from tasks import ZGTask
+
+Problem = tuple[Path, str]
+# a folder's suffix from tasks.base.ZGTask.move_aside (<time>: 20261203-190405), or a file's from the stores (unix time)
+SET_ASIDE = re.compile(r"\.(stale|damaged)-\d{8}")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing :func:`workflows.verify.verify` checks.
+
+    Attributes:
+        what: names it in messages (e.g. ``"boundary shard <folder>"``).
+        nbytes: bytes it reads (the progress bar's share; 0 if unknown).
+        check: ``check(progress)`` checks it, calling ``progress(bytes)`` as it reads, moves what is
+            damaged aside, and returns ``(path, what is wrong)`` per damaged file (``[]``: whole).
+        folder: the output folder it checks (a task's, a shard's), when it checks one.
+    """
+    what: str
+    nbytes: int
+    check: Callable[[Callable[[int], None]], list[Problem]]
+    folder: Optional[Path] = None
 
 
 def _sha256(path: Path, progress: Callable[[int], None], chunk: int = 1 << 22) -> str:
@@ -63,7 +92,7 @@ def task_outputs(tasks: Sequence[ZGTask]) -> list[Item]:
             continue
         size = sum(int(rec["files"].get(name, 0)) for name in rec["sha256"])
         items.append(Item(f"{t.title()} {t.out_dir}", size,
-                          lambda progress, t=t, rec=rec: check_task_output(t, rec, progress)))
+                          lambda progress, t=t, rec=rec: check_task_output(t, rec, progress), folder=t.out_dir))
     return items
 
 
@@ -76,3 +105,40 @@ def clean_leftovers(outputs: str | os.PathLike, max_age_s: float = STALE_AFTER_S
         removed += gone
         dirs[:] = [d for d in dirs if Path(folder, d) not in gone]
     return removed
+
+
+def _size(path: Path) -> int:
+    if path.is_symlink() or path.is_file():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def set_aside(outputs: str | os.PathLike, max_age_s: float = STALE_AFTER_S) -> list[tuple[Path, str, int]]:
+    """What ``zerograph clean`` lists under ``outputs``: ``(path, kind, bytes)`` for every output moved
+    aside (kind ``stale`` or ``damaged``: ``<folder>.stale-<time>-<id>``, ``<folder>.damaged-<time>-<id>``,
+    a statistics file ``<file>.damaged-*``) and every temporary name whose writer is gone (kind
+    ``temporary``, :func:`zgcore.atomic.is_stale`). A live writer's temporary name, a ``.partial`` work
+    folder and every finished output are never listed. Sorted by path; ``[]`` when ``outputs`` does
+    not exist."""
+    found: list[tuple[Path, str, int]] = []
+    for folder, dirs, files in os.walk(outputs):
+        keep = []
+        for name in [*dirs, *files]:
+            p = Path(folder, name)
+            m = SET_ASIDE.search(name)
+            kind = m.group(1) if m else ("temporary" if temp_writer(name) and is_stale(p, max_age_s) else None)
+            if kind:
+                found.append((p, kind, _size(p)))
+            elif name in dirs:
+                keep.append(name)
+        dirs[:] = keep
+    return sorted(found)
+
+
+def remove_set_aside(paths: Sequence[Path]) -> None:
+    """Remove each file or folder of ``paths`` (what :func:`set_aside` listed)."""
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)

@@ -1,0 +1,158 @@
+"""Recorded output digests of the tiny presets (``tests/golden/<preset>.json``): what a refactor must
+keep byte for byte, or whose change a commit explains.
+
+    .venv/bin/python -m scripts.golden            # run every registered workflow's tiny preset, compare
+    .venv/bin/python -m scripts.golden --write    # ... and record the digests (commit the files)
+    .venv/bin/python -m scripts.golden --write --workflow SelectStudent
+
+Which bytes are recorded (deterministic on one machine and library version, single-threaded CPU:
+the tiny presets fix every seed and the data order):
+
+* every ``*.safetensors`` file of every task output: trained block weights (``TrainBlock``), the
+  assembled and healed students' weights (``Assemble``, ``Heal``), end-to-end and local-learning
+  weights;
+* every number of every ``report.json`` of the graph, rounded to 6 significant digits, except
+  those under a key naming a time, a rate, a memory figure or a host (``seconds``, ``_s``,
+  ``tokens_per_s``, ``rss``, ``peak``, ``host``, ``date``, ...), which vary from run to run.
+
+Not recorded: ``task.json`` (it carries times and hosts), plots (PNG metadata), logs, TensorBoard
+event files, the HDF5 boundary shards (HDF5 writes object timestamps); the weights trained from
+them are recorded instead, so a change of their values shows there.
+
+A key is ``<task title>/<file>`` (``TrainBlock block0-clean-cached-s0/block.safetensors``; a title
+shared by several tasks, as a library's candidates share theirs, is numbered ``[2]``, ``[3]`` in the
+graph's order), so a
+change of an output folder's hash alone (a configuration or code-version change) does not count;
+only bytes do. ``tests/test_workflow_contract.py`` compares each tiny preset's digests with the
+recorded file on the run it already makes.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "tests" / "golden"
+COMMAND = ".venv/bin/python -m scripts.golden --write"
+# a key containing one of these (or ending in "_s": seconds) holds a figure that varies from run to run
+VOLATILE = ("second", "time", "per_s", "rss", "peak", "memory", "host", "date", "mfu", "wall", "elapsed", "threads",
+            "pid", "version", "torch", "python", "path", "folder")
+
+
+def _volatile(key: str) -> bool:
+    k = key.lower()
+    return k.endswith("_s") or any(v in k for v in VOLATILE)
+
+
+def _numbers(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """``{dotted key: value rounded to 6 significant digits}`` of every number in a JSON value,
+    skipping the keys :func:`_volatile` names (and everything under them)."""
+    out: dict[str, Any] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not _volatile(str(k)):
+                out.update(_numbers(v, f"{prefix}{k}."))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out.update(_numbers(v, f"{prefix}{i}."))
+    elif isinstance(obj, bool) or obj is None:
+        pass
+    elif isinstance(obj, (int, float)):
+        out[prefix.rstrip(".")] = obj if isinstance(obj, int) or not math.isfinite(obj) else float(f"{obj:.6g}")
+    return out
+
+
+def digests(tasks) -> dict[str, str]:
+    """The recorded digests of the finished outputs among ``tasks`` (see the module docstring)."""
+    out: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    for t in tasks:
+        folder = Path(t.out_dir)
+        title = t.title()
+        seen[title] = seen.get(title, 0) + 1
+        if seen[title] > 1:  # several tasks of one title (a library's candidates): numbered in graph order
+            title = f"{title} [{seen[title]}]"
+        if not folder.is_dir():
+            continue
+        for f in sorted(folder.rglob("*.safetensors")):
+            out[f"{title}/{f.relative_to(folder)}"] = hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(folder.rglob("report.json")):
+            nums = _numbers(json.loads(f.read_text()))
+            out[f"{title}/{f.relative_to(folder)}"] = hashlib.sha256(
+                json.dumps(nums, sort_keys=True).encode()).hexdigest()
+    return dict(sorted(out.items()))
+
+
+def golden_path(preset: str) -> Path:
+    """``tests/golden/<preset>.json``."""
+    return GOLDEN / f"{preset}.json"
+
+
+def difference(preset: str, got: dict[str, str]) -> list[str]:
+    """What differs between ``got`` and the recorded digests of ``preset``, one line per key
+    (``[]``: the same). A missing record is one line."""
+    p = golden_path(preset)
+    if not p.is_file():
+        return [f"no recorded digests at {p.relative_to(REPO) if p.is_relative_to(REPO) else p}"]
+    want = json.loads(p.read_text())["digests"]
+    lines = [f"{k}: recorded {want.get(k, 'nothing')[:12]}, now {got.get(k, 'nothing')[:12]}"
+             for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]
+    return lines
+
+
+def write(preset: str, got: dict[str, str]) -> Path:
+    """Record ``got`` as the digests of ``preset``; returns the file."""
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    p = golden_path(preset)
+    p.write_text(json.dumps({"preset": preset, "written_by": COMMAND, "digests": got}, indent=1) + "\n")
+    return p
+
+
+def run(name: str, outputs: Path) -> dict[str, str]:
+    """Run the registered workflow ``name`` on its tiny preset under ``outputs``; its digests."""
+    import luigi
+
+    import workflows
+    from workflows import registry
+    from workflows.cli import all_tasks, root_tasks
+
+    wf = registry.get(name)
+    task = getattr(workflows, name)(preset=wf.tiny, outputs=str(outputs))
+    if not luigi.build([task], local_scheduler=True, log_level="WARNING"):
+        raise SystemExit(f"error: {name} --preset {wf.tiny} failed")
+    return digests(all_tasks(root_tasks("", [], wf.tiny, str(outputs), name)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run, compare and (``--write``) record; exit 1 when a digest differs and ``--write`` is off."""
+    sys.path.insert(0, str(REPO))
+    from workflows import registry
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="record the digests in tests/golden/")
+    ap.add_argument("--workflow", action="append", help="only these workflows (repeatable; default: all registered)")
+    args = ap.parse_args(argv)
+    status = 0
+    for name in args.workflow or registry.names():
+        with tempfile.TemporaryDirectory() as tmp:
+            got = run(name, Path(tmp))
+        preset = registry.get(name).tiny
+        diff = difference(preset, got)
+        if args.write:
+            print(f"{name}: wrote {write(preset, got).relative_to(REPO)} ({len(got)} digests)")
+        elif diff:
+            status = 1
+            print(f"{name} ({preset}): " + "\n  ".join(["digests differ:", *diff]))
+        else:
+            print(f"{name} ({preset}): {len(got)} digests as recorded")
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""Every registered workflow (workflows/registry.py), on its tiny preset, meets one contract
+(tests/workflow_checks.py): it runs; `zerograph status` lists that workflow's own tasks, all done;
+`zerograph report` prints its report; `zerograph verify` checks every output of its graph, and the
+count is asserted. The same run's outputs are compared with the digests recorded in tests/golden/
+(scripts/golden.py). A deliberately broken workflow fails the contract by name."""
+from __future__ import annotations
+
+import pytest
+
+import workflows
+from scripts import golden
+from tests.workflow_checks import check_workflow, run_tiny
+from workflows import registry
+from workflows.cli import all_tasks, root_tasks
+from workflows.experiment import RunExperiment
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One tiny run per workflow for the whole module: ``{name: outputs folder}``, built on demand."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            out = tmp_path_factory.mktemp(name) / "o"
+            problems = run_tiny(registry.get(name), out)
+            assert not problems, problems
+            done[name] = out
+        return done[name]
+    return get
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_workflow_meets_the_contract_on_its_tiny_preset(name, built):
+    wf = registry.get(name)
+    out = built(name)
+    assert check_workflow(wf, out) == []
+    got = golden.digests(all_tasks(root_tasks("", [], wf.tiny, str(out), name)))
+    assert any(k.endswith(".safetensors") for k in got), f"{name}: no weights among the digests {sorted(got)}"
+    diff = golden.difference(wf.tiny, got)
+    assert not diff, (f"{name} ({wf.tiny}): output bytes differ from tests/golden/{wf.tiny}.json; if the change is "
+                      f"meant, record it with `{golden.COMMAND} --workflow {name}` and say why in the commit:\n"
+                      + "\n".join(diff))
+
+
+class BrokenStudy(RunExperiment):
+    """A deliberately broken workflow: registered with a report file its graph never writes."""
+
+
+def test_a_broken_workflow_fails_the_contract_by_name(built, monkeypatch):
+    out = built("RunExperiment")  # reuses the tiny experiment's run: the broken workflow builds the same graph
+    monkeypatch.setattr(workflows, "BrokenStudy", BrokenStudy, raising=False)
+    try:
+        wf = registry.register(registry.Workflow("BrokenStudy", ("tiny",), "tiny", "tiny", "experiment",
+                                                 "nothing", "README.md", report="summary.md"))
+        problems = check_workflow(wf, out)
+    finally:
+        registry.unregister("BrokenStudy")
+    assert [p.split(":")[:2] for p in problems] == [["BrokenStudy", " tiny preset"], ["BrokenStudy", " report"]]
+    assert "summary.md missing" in problems[1]
+
+
+def test_library_tiny_status_report_and_verify_show_the_librarys_own_graph(built):
+    from typer.testing import CliRunner
+
+    from workflows.cli import app
+
+    out = str(built("SelectStudent"))
+    r = CliRunner().invoke(app, ["status", "--preset", "library_tiny", "--outputs", out], terminal_width=400)
+    assert r.exit_code == 0 and "LibraryReport" in r.stdout and "missing" not in r.stdout
+    r = CliRunner().invoke(app, ["report", "--preset", "library_tiny", "--outputs", out])
+    assert r.exit_code == 0 and "LibraryReport" in str(root_tasks("", [], "library_tiny", out)[0].out_dir)
+    assert r.stdout.strip() and "RunExperiment" not in r.stderr
+    r = CliRunner().invoke(app, ["verify", "--preset", "library_tiny", "--outputs", out])
+    graph = all_tasks(root_tasks("", [], "library_tiny", out))
+    assert r.exit_code == 0 and f"of {len(graph)} output(s)" in r.stdout and "all whole" in r.stdout
+    assert sum(t.get_task_family() == "TrainBlock" for t in graph) >= 6  # every candidate block of both partitions
+
+
+def test_golden_digests_name_each_changed_file_and_skip_timings(tmp_path, monkeypatch):
+    monkeypatch.setattr(golden, "GOLDEN", tmp_path)
+    assert golden.difference("x_tiny", {"a": "1"})[0].startswith("no recorded digests at")
+    golden.write("x_tiny", {"TrainBlock b0/block.safetensors": "aa" * 32, "Evaluate report/report.json": "bb" * 32})
+    got = {"TrainBlock b0/block.safetensors": "cc" * 32, "Evaluate report/report.json": "bb" * 32}
+    assert golden.difference("x_tiny", got) == [f"TrainBlock b0/block.safetensors: recorded {'aa' * 6}, now {'cc' * 6}"]
+    assert golden._numbers({"ce": 1.23456789, "seconds": 3.2, "train_s": 1.0, "peak_rss_mb": 9, "rows": [{"gap": 0.5}]}) \
+        == {"ce": 1.23457, "rows.0.gap": 0.5}
