@@ -58,3 +58,27 @@ def kill_at_first_checkpoint(cmd: list[str], cwd: Path, env: dict, pattern: Path
     assert found, "no checkpoint appeared before the run ended"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """``smoke_run(preset) -> outputs folder``: every smoke preset (``tiny``, ``*_tiny``) built once per
+    test session by the workflow that owns it (workflows/registry.py), each in a folder of its own,
+    shared by every contract that reads a tiny run (the workflow, report and golden-digest contracts).
+    Readers only: a test that damages or changes outputs copies the folder first."""
+    from tests.workflow_checks import run_tiny
+    from workflows import registry
+
+    done: dict[str, Path] = {}
+
+    def get(preset: str) -> Path:
+        if preset not in done:
+            wf = registry.owner(preset)
+            assert wf is not None, f"no registered workflow owns the preset {preset!r}"
+            out = tmp_path_factory.mktemp(f"smoke-{preset}") / "o"
+            problems = run_tiny(wf, out, preset)
+            assert not problems, problems
+            done[preset] = out
+        return done[preset]
+    return get
+

@@ -1,6 +1,6 @@
 """The report contract, over every report of every tiny preset: each tiny preset
-(``workflows/presets/*_tiny.toml`` and ``tiny.toml``, discovered) runs once into one shared outputs
-folder, and every ``report.json`` and ``report.md`` it wrote is checked by name:
+(``workflows/presets/*_tiny.toml`` and ``tiny.toml``, discovered) runs once per session by the
+workflow that owns it (conftest's ``smoke_run``), and every ``report.json`` and ``report.md`` it wrote is checked by name:
 
 * ``verdict_on_smoke``: a smoke preset (a random teacher) gives no verdict;
 * ``verdict_from_few_runs``: no trained-configuration comparison (unit ``run``) has a verdict from fewer than 3 runs;
@@ -19,32 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.workflow_checks import smoke_presets
 from zgcore.evaluation.compare import MIN_RUNS, NOT_RESOLVED
 
 PRESETS = Path(__file__).resolve().parents[1] / "workflows" / "presets"
 PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*(\[[^\]\n]*\]|\.[A-Za-z_]+)*(![rs])?(:[^{}\n]*)?\}")
 ARM_LISTS = ("arms", "rows", "selections", "uniform")  # report keys whose entries are a study's arms
-
-
-def tiny_presets() -> list[str]:
-    """Every smoke preset: ``tiny`` and ``*_tiny``."""
-    return sorted(p.stem for p in PRESETS.glob("*.toml") if p.stem == "tiny" or p.stem.endswith("_tiny"))
-
-
-def workflow_for(preset: str):
-    """The workflow class that runs ``preset``: the workflow whose own default preset shares its
-    family name (``local_tiny`` -> ``local_default``'s, ``library_tiny`` -> ``library``'s), the
-    distillation study for ``distill*`` (its default preset is the experiment's), else the
-    experiment."""
-    import workflows
-
-    family = preset.removesuffix("_tiny").split("_")[0]
-    if family == "distill":
-        return workflows.DistillStudy
-    for cls in (workflows.LocalLearningStudy, workflows.SelectStudent, workflows.ObjectiveStudy):
-        if cls.preset._default.split("_")[0] == family:
-            return cls
-    return workflows.RunExperiment
 
 
 def comparisons(tree, path="$"):
@@ -88,37 +68,26 @@ def violations(report: dict, markdown: str | None, smoke: bool) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny_outputs(tmp_path_factory):
-    """Run every tiny preset once, into one outputs folder (they share the teacher and corpus)."""
-    import luigi
-
-    import workflows
-
-    out = tmp_path_factory.mktemp("tiny_outputs")
-    ran = {}
-    for p in tiny_presets():
-        wf = workflow_for(p)(preset=p, outputs=str(out))
-        ran[p] = luigi.build([wf], local_scheduler=True, workers=1, log_level="WARNING")
-    # a workflow with no tiny preset of its own runs on `tiny` (the objective study has none)
-    for cls in {workflows.ObjectiveStudy} - {workflow_for(p) for p in tiny_presets()}:
-        ran[f"{cls.__name__}:tiny"] = luigi.build([cls(preset="tiny", outputs=str(out))], local_scheduler=True, workers=1,
-                                                  log_level="WARNING")
-    return out, ran
+def tiny_outputs(smoke_run):
+    """Every smoke preset, each built once per session by the workflow that owns it (conftest's
+    ``smoke_run``, shared with the workflow contract): ``(outputs folders, {preset: folder})``."""
+    ran = {p: smoke_run(p) for p in smoke_presets()}
+    return sorted(set(ran.values())), ran
 
 
 def test_every_tiny_preset_is_found_and_runs(tiny_outputs):
-    out, ran = tiny_outputs
-    assert {"tiny", "local_tiny", "distill_tiny", "library_tiny", "heal_topk_tiny"} <= set(ran)
-    assert all(ran.values()), ran
+    outs, ran = tiny_outputs
+    assert {"tiny", "local_tiny", "distill_tiny", "library_tiny", "heal_topk_tiny", "study_tiny"} <= set(ran)
+    assert all(p.is_dir() for p in outs), ran
 
 
 def test_every_report_of_every_tiny_preset_keeps_the_contract(tiny_outputs):
-    out, _ = tiny_outputs
-    reports = sorted(p for p in out.rglob("report.json") if ".partial" not in str(p))
-    kinds = {p.parent.parent.name for p in reports}
+    outs, _ = tiny_outputs
+    reports = sorted((out, p) for out in outs for p in out.rglob("report.json") if ".partial" not in str(p))
+    kinds = {p.parent.parent.name for _, p in reports}
     assert {"Evaluate", "DistillStudyReport", "LibraryReport", "LocalStudyReport", "ObjectiveStudyReport"} <= kinds, kinds
     bad, n_comp = [], 0
-    for p in reports:
+    for out, p in reports:
         rep = json.loads(p.read_text())
         md = p.with_name("report.md")
         bad += [f"{p.relative_to(out)}: {v}" for v in violations(rep, md.read_text() if md.is_file() else None, smoke=True)]

@@ -9,25 +9,17 @@ import pytest
 
 import workflows
 from scripts import golden
-from tests.workflow_checks import check_workflow, run_tiny
+from tests.workflow_checks import check_workflow
 from workflows import registry
 from workflows.cli import all_tasks, root_tasks
 from workflows.experiment import RunExperiment
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """One tiny run per workflow for the whole module: ``{name: outputs folder}``, built on demand."""
-    done = {}
-
-    def get(name):
-        if name not in done:
-            out = tmp_path_factory.mktemp(name) / "o"
-            problems = run_tiny(registry.get(name), out)
-            assert not problems, problems
-            done[name] = out
-        return done[name]
-    return get
+@pytest.fixture
+def built(smoke_run):
+    """``built(name)``: the outputs folder of the workflow's tiny run (conftest's ``smoke_run``: one
+    run per session, shared with the report contract)."""
+    return lambda name: smoke_run(registry.get(name).tiny)
 
 
 @pytest.mark.parametrize("name", registry.names())

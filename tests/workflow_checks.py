@@ -25,9 +25,15 @@ def _cli(*args: str):
     return CliRunner().invoke(app, list(args), terminal_width=400)
 
 
-def run_tiny(wf: registry.Workflow, outputs: Path) -> list[str]:
-    """Build ``wf`` on its tiny preset under ``outputs``; returns the problems (``[]``: it ran)."""
-    task = getattr(workflows, wf.name)(preset=wf.tiny, outputs=str(outputs))
+def smoke_presets() -> list[str]:
+    """Every smoke preset file: ``tiny`` and ``*_tiny`` (workflows/presets)."""
+    return sorted(p for p in registry.preset_files() if p == "tiny" or p.endswith("_tiny"))
+
+
+def run_tiny(wf: registry.Workflow, outputs: Path, preset: str | None = None) -> list[str]:
+    """Build ``wf`` on ``preset`` (default: its tiny preset) under ``outputs``; returns the problems
+    (``[]``: it ran)."""
+    task = getattr(workflows, wf.name)(preset=preset or wf.tiny, outputs=str(outputs))
     res = luigi.build([task], local_scheduler=True, log_level="WARNING", detailed_summary=True)
     return [] if res.scheduling_succeeded and task.complete() else [f"{wf.name}: runs: {res.summary_text}"]
 
