@@ -148,13 +148,12 @@ def readme_words() -> int:
 
 
 def workflow_classes() -> dict[str, type]:
-    """The Luigi tasks ``workflows`` exports (``workflows.__all__``): what the README's table must list."""
-    import luigi
-
+    """Every registered workflow (:func:`workflows.registry.all_workflows`) by name, as its Luigi task
+    class: what the README's table must list, no more and no less."""
     import workflows
+    from workflows import registry
 
-    return {n: getattr(workflows, n) for n in workflows.__all__
-            if isinstance(getattr(workflows, n), type) and issubclass(getattr(workflows, n), luigi.Task)}
+    return {wf.name: getattr(workflows, wf.name) for wf in registry.all_workflows()}
 
 
 def workflows_table(text: str) -> dict[str, dict[str, object]]:
@@ -179,6 +178,13 @@ def is_tiny(preset: str) -> bool:
     return str(cfg.get("teacher", cfg.get("tokenizer", ""))).startswith("tiny-")
 
 
+def _registered_tiny(name: str) -> str | None:
+    """The tiny preset the registry gives workflow ``name`` (None for a name it does not know)."""
+    from workflows import registry
+
+    return registry.get(name).tiny if name in registry.names() else None
+
+
 def check_workflows_table(text: str, classes: dict[str, type]) -> list[str]:
     """What is wrong with README ``text``'s workflows table against ``classes`` and the shipped presets."""
     rows, wrong = workflows_table(text), []
@@ -193,6 +199,9 @@ def check_workflows_table(text: str, classes: dict[str, type]) -> list[str]:
                 wrong.append(f"{name}: no preset {p}")
         if not tiny or not real or not all(map(is_tiny, filter(None, tiny))) or any(map(is_tiny, filter(None, real))):
             wrong.append(f"{name}: tiny {tiny} must be tiny presets, real {real} not")
+        own = _registered_tiny(name)
+        if own and own not in tiny:
+            wrong.append(f"{name}: tiny {tiny} must name its registered tiny preset {own}")
         if not row["docs"] or not all((ROOT / d).is_file() for d in row["docs"]):
             wrong.append(f"{name}: docs {row['docs']}")
     named = set(re.findall(r"\w+", text)).union(*(re.findall(r"\w+", (ROOT / d).read_text())
