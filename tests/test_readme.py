@@ -82,7 +82,22 @@ def _argv(cmd: list[str]) -> list[str]:
 TINY_OF = {"distill": "distill_tiny", "library": "library_tiny", "heal_topk": "heal_topk_tiny"}  # a SmolLM2 preset -> its seconds-long twin on a tiny random teacher
 
 
+def _takes_preset(cmd: list[str]) -> bool:
+    """Whether ``cmd`` takes ``--preset``: every ``luigi`` workflow does; a ``zerograph`` subcommand
+    does when its own options say so (``zerograph clean`` works on a whole outputs folder)."""
+    if not cmd[0].endswith("zerograph") or len(cmd) < 2:
+        return True
+    import typer.main
+
+    from workflows.cli import app
+
+    sub = typer.main.get_command(app).commands.get(cmd[1])
+    return sub is None or any("--preset" in p.opts for p in sub.params)
+
+
 def _tiny(cmd: list[str]) -> list[str]:
+    if not _takes_preset(cmd):
+        return cmd
     if "--preset" in cmd:
         i = cmd.index("--preset") + 1
         return [*cmd[:i], TINY_OF.get(cmd[i], cmd[i]), *cmd[i + 1:]]
