@@ -16,7 +16,9 @@ from zgcore.config.experiment import (DEFAULTS as _MAIN_DEFAULTS, ConfigError, _
 from .data import parse_vocab
 
 AUX_HEADS = ("mlp", "transformer")
-EXECUTIONS = ("together", "per_block")
+EXECUTIONS = ("together", "per_block", "pipeline")
+# the execution modes computed in one process (their activation memory is measured in both)
+ONE_PROCESS = ("together", "per_block")
 VOCABS = ("compact", "full", "top:N")
 MTP_CHOICES = ("off", "first", "all")
 # The values a key may take, by dotted key (the configuration reference lists them).
@@ -50,7 +52,12 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "grad_clip": 1.0,  # gradient-norm clipping (0 = none)
         "seed": 0,  # model and aux-head initialisation
         "data_seed": 0,  # batch order; shared by every configuration of a study
-        "execution": "together",  # K blocks in one process per step (together) or one block after another (per_block)
+        # K blocks in one process per step (together), one block after another (per_block), or one process per block
+        # with forward-only messages between them (pipeline; zgcore.local.pipeline, docs/local_learning.md)
+        "execution": "together",
+        # pipeline only: true = block j consumes exactly block j-1's output of the same step (per_block's weights bit for
+        # bit); false = asynchronous, block j may train on input up to j steps old (its staleness, recorded per step)
+        "pipeline_sync": True,
         "log_every": 10,  # steps between loss-log rows
         "checkpoint_every": 50,  # steps between checkpoints of a PretrainLocal (resume); not hashed
         "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.training.watch); not hashed
@@ -168,12 +175,18 @@ def validate_train(t: Mapping[str, Any], seq_len: int) -> None:
         raise ConfigError(f"train.tensorboard must be true or false, got {t['tensorboard']!r}")
     if t["execution"] not in EXECUTIONS:
         raise ConfigError(f"train.execution must be one of {EXECUTIONS}, got {t['execution']!r}")
+    if not isinstance(t["pipeline_sync"], bool):
+        raise ConfigError(f"train.pipeline_sync must be true or false, got {t['pipeline_sync']!r}")
+    if t["pipeline_sync"] is False and t["execution"] != "pipeline":
+        raise ConfigError(f"train.pipeline_sync=false (the asynchronous schedule) needs train.execution=\"pipeline\", "
+                          f"got {t['execution']!r}: set both, or drop train.pipeline_sync")
 
 
 def normalise_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """Canonical form of one configuration ``{"model", "train", "local"}``: K=1 has no aux head
     or MTP (``aux="none"``, ``mtp_boundaries=[]``), MTP boundaries sorted, settings that cannot
-    matter dropped from ``local``, so equal computations hash alike."""
+    matter dropped from ``local`` (and ``train.pipeline_sync`` outside a pipeline; a pipeline of
+    K=1 is ``per_block``), so equal computations hash alike."""
     run = copy.deepcopy(dict(run))
     loc = run["local"]
     if int(loc["K"]) == 1:
@@ -183,6 +196,10 @@ def normalise_run(run: Mapping[str, Any]) -> dict[str, Any]:
     if not loc["mtp_boundaries"]:
         loc.update(mtp_n=1, mtp_weight=0.0)
     run["train"] = {k: v for k, v in run["train"].items() if k not in ("log_every", "checkpoint_every", "tensorboard")}
+    if run["train"].get("execution") == "pipeline" and loc["K"] == 1:  # one block: a pipeline of one stage is per_block
+        run["train"]["execution"] = "per_block"
+    if run["train"].get("execution") != "pipeline":  # the schedule of a pipeline only
+        run["train"].pop("pipeline_sync", None)
     if not run["train"].get("holdout_sequences"):  # no tuning split: the form (and hash) of a run without a sweep
         run["train"].pop("holdout_sequences", None)
     return run
