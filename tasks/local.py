@@ -26,7 +26,7 @@ from zgcore.evaluation import compare, metrics
 from zgcore.data import corpus
 from zgcore.training import lr_search
 from zgcore.atomic import write_json
-from zgcore.local.pipeline import train_pipeline
+from zgcore.local.pipeline import check_pipeline, train_pipeline
 from zgcore.training.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 from zgcore.threads import decoder_params
 
@@ -116,6 +116,8 @@ class PretrainLocal(Resumable, _LocalTask):
         import torch
 
         setup = json.loads(json.dumps(self.setup, default=dict))
+        if setup["train"]["execution"] == "pipeline":  # devices and cores of this host, before anything is read
+            check_pipeline(int(setup["local"]["K"]), self.device, setup["train"])
         data = _model_tokens(self.corpus_task(), setup)
         ids, train = data["ids"], data["train"]
         pipe = setup["train"]["execution"] == "pipeline"  # one process per block (zgcore.local.pipeline)

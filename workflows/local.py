@@ -8,6 +8,7 @@ import luigi
 from tasks.local_report import LocalStudyReport
 from zgcore import local as zlocal
 from zgcore.config import experiment as zconfig
+from zgcore.local.pipeline import check_pipeline
 from zgcore.models.teacher import describe
 
 from .experiment import ConfiguredWorkflow, load_preset
@@ -20,9 +21,13 @@ def load_local_config(config: str = "", overrides: str = "", preset: str = "loca
 
     Raises:
         zgcore.config.experiment.ConfigError: what to fix (K above the layer count, an MTP boundary that does not
-            exist, an unknown aux head, an unknown preset or key, ...).
+            exist, an unknown aux head, an unknown preset or key, a pipeline on a device without a
+            torch.distributed backend, ...).
     """
     cfg = zlocal.resolve_local(config or None, overrides or None, base=load_preset(preset, "LocalLearningStudy"))
+    for cell in zlocal.expand_study(cfg):  # a pipeline's settings and device (this host's cores: the task checks)
+        if cell["run"]["train"]["execution"] == "pipeline":
+            check_pipeline(int(cell["K"]), cfg["device"], cell["run"]["train"], capacity=False)
     info = describe(cfg["tokenizer"])
     if int(cfg["corpus"]["seq_len"]) > info.max_positions:
         raise zconfig.ConfigError(f"corpus.seq_len={cfg['corpus']['seq_len']} exceeds the context of {cfg['tokenizer']} "

@@ -55,7 +55,7 @@ class PipelineStageError(RuntimeError):
         return type(self), (str(self), self.stage, self.reason)
 
 
-def check_pipeline(k: int, device: str, t: Mapping[str, Any], cores: int | None = None) -> str:
+def check_pipeline(k: int, device: str, t: Mapping[str, Any], cores: int | None = None, capacity: bool = True) -> str:
     """Check that a pipelined run can start here, before anything runs; returns the backend
     (``"gloo"`` on CPU, ``"nccl"`` on CUDA).
 
@@ -64,7 +64,8 @@ def check_pipeline(k: int, device: str, t: Mapping[str, Any], cores: int | None 
             backend here (anything but CPU with gloo and CUDA with NCCL); more blocks than the host
             gives processes: CUDA devices (one per block) or usable CPU cores (its affinity and
             cgroup quota, :func:`zgcore.threads.usable_cores`: one per block); ``train.pipeline_sync``
-            not true or false.
+            not true or false. ``capacity=False`` checks the configuration only, not this host's
+            devices and cores (a graph built on one host and run on another: the task checks again).
     """
     import torch.distributed as dist
 
@@ -76,6 +77,8 @@ def check_pipeline(k: int, device: str, t: Mapping[str, Any], cores: int | None 
     if kind not in ("cpu", "cuda") or not dist.is_available():
         raise ConfigError(f"train.execution=\"pipeline\" runs on device=cpu (gloo) or device=cuda (NCCL); "
                           f"device={device} has no torch.distributed backend here: set device=cpu or train.execution=\"per_block\"")
+    if not capacity:
+        return "nccl" if kind == "cuda" else "gloo"
     if kind == "cuda":
         if not torch.cuda.is_available() or not dist.is_nccl_available():
             raise ConfigError(f"device={device} with train.execution=\"pipeline\" needs CUDA and NCCL, and this torch "

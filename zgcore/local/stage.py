@@ -114,7 +114,7 @@ class Inbox:
         docstring for which message each schedule takes."""
         need = step if self.sync else step - 1
         t0 = time.perf_counter()
-        while self.next <= step and (self.latest_step < need or (not self.sync and self._arrived())):
+        while self.next <= step and (self.latest is None or self.latest_step < need or (not self.sync and self._arrived())):
             for w in self.works:
                 w.wait()
             self.latest, self.latest_step = (self.h, self.meta), self.next
