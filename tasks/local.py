@@ -69,11 +69,13 @@ class _LocalTask(ZGTask):
         return PrepareCorpus(teacher=self.tokenizer, corpus=self.corpus, outputs=self.outputs)
 
     def config_label(self) -> str:
-        """``K<k>-<aux|e2e>[-mtp<boundaries>]-s<seed>``: the configuration, whatever its lr."""
+        """``K<k>-<aux|e2e>[-mtp<boundaries>][-pipe|-async]-s<seed>``: the configuration, whatever its lr."""
         loc = self.setup["local"]
         mtp = "-mtp" + "_".join(map(str, loc["mtp_boundaries"])) if loc["mtp_boundaries"] else ""
         aux = f"-{loc['aux']}" if int(loc["K"]) > 1 else "-e2e"
-        return f"K{loc['K']}{aux}{mtp}-s{self.setup['train']['seed']}"
+        t = self.setup["train"]
+        pipe = ("-pipe" if t.get("pipeline_sync", True) else "-async") if t.get("execution") == "pipeline" else ""
+        return f"K{loc['K']}{aux}{mtp}{pipe}-s{t['seed']}"
 
     def label(self):
         lr = f"-lr{float(self.setup['train']['lr']):g}" if self.setup["train"].get("holdout_sequences") else ""

@@ -156,5 +156,5 @@ def test_a_stage_that_raises_names_itself_and_what_it_raised(tmp_path, monkeypat
     task = PretrainLocal(tokenizer=task.tokenizer, corpus=task.corpus, setup=cfg, outputs=str(tmp_path),
                          checkpoint_every=2, tensorboard=False)
     from zgcore.training.loop import NonFiniteError
-    with pytest.raises(NonFiniteError, match=r"PretrainLocal K2-mlp-s0 stage \d: .* is (nan|inf) at step \d+ of 8"):
+    with pytest.raises(NonFiniteError, match=r"PretrainLocal K2-mlp-pipe-s0 stage \d: .* is (nan|inf) at step \d+ of 8"):
         _build(task)

@@ -56,6 +56,7 @@ class LocalLearningStudy(ConfiguredWorkflow):
             parameter with an lr grid, 18.5 min with two workers), ``local_cpu_10tpp`` (CPU, 10 tokens per
             non-embedding parameter, each configuration's lr searched at the full budget; 76 min measured),
             ``local_cpu_5seed`` (CPU, five runs per configuration at fixed lrs and a FLOPs-matched K=1 arm),
+            ``local_cpu_pipeline`` (CPU, the asynchronous pipeline against per_block at K=2, three runs each),
             ``local_tiny`` (seconds), ``local_gpu_125m``, ``local_gpu_400m`` (20 tokens per non-embedding parameter).
         outputs: root folder of run artifacts.
 

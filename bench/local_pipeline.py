@@ -1,0 +1,123 @@
+"""What one process per block buys local learning: ``pipeline`` against ``per_block`` at the same threads.
+
+For each K, on the same random token ids and settings:
+
+* ``per_block``: one process with K torch threads (:func:`zgcore.local.train_local`), in a fresh
+  spawned process so that its peak resident memory is its own;
+* ``pipeline`` sync and async: K processes with one thread each (:func:`zgcore.local.pipeline.train_pipeline`).
+
+It prints tokens/s of each (the training loop only: process start-up excluded; a pipeline's time
+runs from its stages' common start, after a barrier, to the last stage's end), the ratio pipeline /
+per_block, each stage's peak resident memory against the single process's (and an idle interpreter
+with torch and transformers imported, the floor every process pays), each stage's idle share
+(seconds waiting for input or for the next stage, over its loop's seconds: the bubble), and the
+*balance bound*: the sum over stages of their busy seconds over the largest one, the speed-up K
+devices would give if messages were free and the stages never waited. On CPU the stages share the
+memory bus and caches, so the measured ratio is the floor of what a device per block gives.
+
+K is skipped where this process may use fewer than K cores (it would measure time-sharing).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python -m bench.local_pipeline --smoke                 # seconds: tiny model, K=2
+    OMP_NUM_THREADS=1 PYTHONPATH=. python -m bench.local_pipeline --k 2 4 --steps 60      # the figures (idle machine)
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zgcore import local as zl
+from zgcore.threads import usable_cores
+
+MODELS = {  # name: (model section, vocabulary size, sequence length, batch size)
+    "tiny": ({"n_layers": 4, "hidden_size": 32, "intermediate_size": 64, "n_heads": 4, "n_kv_heads": 2,
+              "rope_theta": 10000.0, "vocab": "compact"}, 64, 32, 4),
+    "cpu_5seed": ({"n_layers": 8, "hidden_size": 32, "intermediate_size": 96, "n_heads": 4, "n_kv_heads": 2,
+                   "rope_theta": 10000.0, "vocab": "top:1024"}, 1025, 128, 16),
+    "cpu_2tpp": ({"n_layers": 8, "hidden_size": 64, "intermediate_size": 192, "n_heads": 4, "n_kv_heads": 2,
+                  "rope_theta": 10000.0, "vocab": "top:2048"}, 2049, 128, 16),
+}
+
+
+def setup(model: str, k: int, steps: int, execution: str, sync: bool = True) -> tuple[dict, int, np.ndarray]:
+    """A normalised configuration (MLP heads), its vocabulary size and random token ids ``[256, T]``."""
+    m, vocab, seq, bsz = MODELS[model]
+    train = {**zl.LOCAL_DEFAULTS["train"], "token_budget": steps * bsz * seq, "batch_size": bsz, "warmup_steps": 2,
+             "lr": 3e-3, "execution": execution, "pipeline_sync": sync}
+    run = zl.normalise_run({"model": dict(m), "train": train, "local": {**zl.LOCAL_DEFAULTS["local"], "K": k}})
+    return run, vocab, np.random.default_rng(0).integers(0, vocab, (256, seq)).astype(np.int64)
+
+
+def _idle_rss(_: int) -> int:
+    import transformers  # noqa: F401 (what every stage imports)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _per_block(args: tuple[str, int, int]) -> dict:
+    model, k, steps = args
+    torch.set_num_threads(k)
+    run, vocab, tokens = setup(model, k, steps, "per_block")
+    lm = zl.build_local(run, vocab, tokens.shape[1])
+    m = zl.train_local(lm, tokens, {**run["train"], "log_every": 10 ** 6, "checkpoint_every": 0})
+    return {"tokens_per_second": m["tokens"] / m["seconds"], "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "threads": torch.get_num_threads()}
+
+
+def pipeline(model: str, k: int, steps: int, sync: bool) -> dict:
+    """One pipelined run with one thread per stage; :func:`train_pipeline`'s metrics."""
+    run, vocab, tokens = setup(model, k, steps, "pipeline", sync)
+    lm = zl.build_local(run, vocab, tokens.shape[1])
+    from zgcore.local.pipeline import train_pipeline
+
+    with tempfile.TemporaryDirectory() as work:
+        return train_pipeline(lm, tokens, run, {**run["train"], "log_every": 10 ** 6, "checkpoint_every": 0},
+                              work=Path(work), threads=1)
+
+
+def mib(b: float) -> str:
+    return f"{b / 2 ** 20:.0f} MiB"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="cpu_5seed")
+    ap.add_argument("--k", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--smoke", action="store_true", help="the smallest setting: tiny model, K=2, 6 steps")
+    args = ap.parse_args()
+    if args.smoke:
+        args.model, args.k, args.steps = "tiny", [2], 6
+    cores = usable_cores()
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Pool(1) as pool:
+        idle = pool.map(_idle_rss, [0])[0]
+    print(f"model {args.model}, {args.steps} steps, {cores} usable core(s); an idle interpreter with torch and "
+          f"transformers: {mib(idle)} peak resident")
+    for k in args.k:
+        if k > cores:
+            print(f"K={k}: skipped, this process may use {cores} core(s) (K stages need K)")
+            continue
+        with spawn.Pool(1) as pool:
+            ref = pool.map(_per_block, [(args.model, k, args.steps)])[0]
+        print(f"\nK={k}  per_block, 1 process x {ref['threads']} threads: {ref['tokens_per_second']:.0f} tokens/s, "
+              f"peak {mib(ref['peak_rss_bytes'])}")
+        for sync in (True, False):
+            m = pipeline(args.model, k, args.steps, sync)
+            busy = [s["seconds"] - s["idle_seconds"] for s in m["stages"]]
+            print(f"K={k}  pipeline {'sync ' if sync else 'async'}, {k} processes x 1 thread: "
+                  f"{m['tokens_per_second']:.0f} tokens/s = {m['tokens_per_second'] / ref['tokens_per_second']:.2f}x per_block; "
+                  f"balance bound {sum(busy) / max(busy):.2f}x (K devices, free messages); staleness max "
+                  f"{[int(x) for x in m['staleness_max']]}")
+            for s in m["stages"]:
+                print(f"    stage {s['stage']}: peak {mib(s['peak_rss_bytes'])} = {s['peak_rss_bytes'] / ref['peak_rss_bytes']:.2f}x "
+                      f"the single process ({(s['peak_rss_bytes'] - idle) / max(1, ref['peak_rss_bytes'] - idle):.2f}x above an idle "
+                      f"interpreter); idle share {s['idle_share']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
