@@ -158,3 +158,21 @@ def test_a_stage_that_raises_names_itself_and_what_it_raised(tmp_path, monkeypat
     from zgcore.training.loop import NonFiniteError
     with pytest.raises(NonFiniteError, match=r"PretrainLocal K2-mlp-pipe-s0 stage \d: .* is (nan|inf) at step \d+ of 8"):
         _build(task)
+
+
+def test_study_arms_that_differ_only_in_execution_are_compared_run_by_run():
+    from zgcore.local.findings import compared_pairs
+
+    cfg = load_local_config(preset="local_cpu_pipeline")
+    cells = zl.expand_seeds(cfg)
+    assert cfg["seeds"] == [2, 3, 4] and len(cells) == 9
+    arms = {zl.report.arm_name(c): c["run"]["train"] for c in cells}
+    assert arms["K=2 mlp [async pipeline]"]["execution"] == "pipeline"
+    assert arms["K=2 mlp [async pipeline]"]["pipeline_sync"] is False
+    assert arms["K=2 mlp [per_block]"]["execution"] == "per_block" and "pipeline_sync" not in arms["K=2 mlp [per_block]"]
+    assert ("K=2 mlp [async pipeline]", "K=2 mlp [per_block]") in compared_pairs(cells)
+    with pytest.raises(ConfigError, match=r"study.configs\[1\].pipeline_sync=false .* needs study.configs\[1\].execution"):
+        load_local_config("", {"study": {"configs": [{"K": 1}, {"K": 2, "pipeline_sync": False}]}}, "local_tiny")
+    with pytest.raises(ConfigError, match=r"lists K=2, aux=mlp, mtp=off, pipeline twice"):
+        load_local_config("", {"study": {"configs": [{"K": 1}, {"K": 2, "execution": "pipeline"},
+                                                     {"K": 2, "aux": "mlp", "execution": "pipeline"}]}}, "local_tiny")
