@@ -6,9 +6,11 @@ For each K, on the same random token ids and settings:
   spawned process so that its peak resident memory is its own;
 * ``pipeline`` sync and async: K processes with one thread each (:func:`zgcore.local.pipeline.train_pipeline`).
 
-It prints tokens/s of each (the training loop only: process start-up excluded; a pipeline's time
-runs from its stages' common start, after a barrier, to the last stage's end), the ratio pipeline /
-per_block, each stage's peak resident memory against the single process's (and an idle interpreter
+It prints tokens/s of each at its steady pace (tokens of a step over the median step time; for a
+pipeline the median of its slowest stage: warm-up steps and process start-up excluded), the ratio pipeline /
+per_block, each stage's peak resident memory while it trains (a stage builds the whole model first,
+for its initial bits, and frees the other blocks: that peak is reset away, and so is the single
+process's build) against the single process's (and an idle interpreter
 with torch and transformers imported, the floor every process pays), each stage's idle share
 (seconds waiting for input or for the next stage, over its loop's seconds: the bubble), and the
 *balance bound*: the sum over stages of their busy seconds over the largest one, the speed-up K
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import resource
 import tempfile
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from zgcore import local as zl
+from zgcore.local.stage import peak_rss
 from zgcore.threads import usable_cores
 
 MODELS = {  # name: (model section, vocabulary size, sequence length, batch size)
@@ -55,7 +57,7 @@ def setup(model: str, k: int, steps: int, execution: str, sync: bool = True) -> 
 
 def _idle_rss(_: int) -> int:
     import transformers  # noqa: F401 (what every stage imports)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak_rss()
 
 
 def _per_block(args: tuple[str, int, int]) -> dict:
@@ -63,8 +65,11 @@ def _per_block(args: tuple[str, int, int]) -> dict:
     torch.set_num_threads(k)
     run, vocab, tokens = setup(model, k, steps, "per_block")
     lm = zl.build_local(run, vocab, tokens.shape[1])
-    m = zl.train_local(lm, tokens, {**run["train"], "log_every": 10 ** 6, "checkpoint_every": 0})
-    return {"tokens_per_second": m["tokens"] / m["seconds"], "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    peak_rss(reset=True)  # as in a stage: from training on
+    secs: list[float] = []
+    m = zl.train_local(lm, tokens, {**run["train"], "log_every": 10 ** 6, "checkpoint_every": 0},
+                       callbacks=[lambda info: secs.append(info.seconds)])
+    return {"tokens_per_second": m["tokens"] / m["steps"] / float(np.median(secs)), "peak_rss_bytes": peak_rss(),
             "threads": torch.get_num_threads()}
 
 
@@ -109,6 +114,7 @@ def main() -> None:
         for sync in (True, False):
             m = pipeline(args.model, k, args.steps, sync)
             busy = [s["seconds"] - s["idle_seconds"] for s in m["stages"]]
+            m["tokens_per_second"] = m["tokens"] / m["steps"] / max(s["median_step_seconds"] for s in m["stages"])
             print(f"K={k}  pipeline {'sync ' if sync else 'async'}, {k} processes x 1 thread: "
                   f"{m['tokens_per_second']:.0f} tokens/s = {m['tokens_per_second'] / ref['tokens_per_second']:.2f}x per_block; "
                   f"balance bound {sum(busy) / max(busy):.2f}x (K devices, free messages); staleness max "

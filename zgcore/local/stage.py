@@ -159,6 +159,20 @@ def own_block(lm, j: int) -> nn.ModuleList:
     return mods
 
 
+def peak_rss(reset: bool = False) -> int:
+    """This process's peak resident memory in bytes (Linux: ``VmHWM`` of ``/proc/self/status``, else
+    ``ru_maxrss``); ``reset=True`` first lowers the peak to what is resident now (Linux
+    ``/proc/self/clear_refs``), so that memory freed before counts no more."""
+    try:
+        if reset:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _watch_parent(parent: int) -> None:
     """End this process when the process that started it is gone (no stage outlives its task)."""
     def watch():
@@ -204,8 +218,10 @@ def run_stage(j: int, spec: Mapping[str, Any]) -> None:
 def train_stage(j: int, spec: Mapping[str, Any], dev: torch.device) -> dict[str, Any]:
     """Train block ``j`` for the run's steps (from its checkpoint, if the launcher left one as
     ``checkpoint.pt``); returns its measurements: ``seconds``, ``idle_seconds`` (waiting for input
-    or for the next stage to take output), ``peak_rss_bytes`` (the process's peak resident memory),
-    ``cuda_peak_bytes`` (``None`` off CUDA), ``resumed_from``, ``started``/``ended`` (wall clock of
+    or for the next stage to take output), ``peak_rss_bytes`` (the process's peak resident memory
+    while it trains, :func:`peak_rss`; the whole model it builds first and frees is not counted),
+    ``cuda_peak_bytes`` (``None`` off CUDA), ``resumed_from``, ``median_step_seconds`` (between
+    the ends of consecutive steps: the steady pace, warm-up excluded), ``started``/``ended`` (wall clock of
     its loop, s since the epoch; every stage starts after a barrier)."""
     setup, t, k = spec["setup"], spec["train"], int(spec["k"])
     tokens: np.ndarray = spec["tokens"]
@@ -254,8 +270,11 @@ def train_stage(j: int, spec: Mapping[str, Any], dev: torch.device) -> dict[str,
         loop.zero_grad(0)
         loss.backward()
         loop.update(0, step)
+        ends.append(time.perf_counter())
         return [info["ce"], info.get("mtp", float("nan")), float(step - b), waited]
 
+    peak_rss(reset=True)  # the model was built whole (for its initial bits): count from here on
+    ends: list[float] = []  # when each step's work was queued (s; the device may still be computing on CUDA)
     lm.train()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -266,9 +285,10 @@ def train_stage(j: int, spec: Mapping[str, Any], dev: torch.device) -> dict[str,
         outbox.close()
     log = np.asarray([r[1:-1] for r in loop.log], dtype=np.float64).reshape(len(loop.log), len(cols))
     return {"stage": j, "seconds": m["seconds"], "idle_seconds": float(log[m["resumed_from"]:, 3].sum()) if len(log) else 0.0,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": peak_rss(),
             "cuda_peak_bytes": int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None,
-            "resumed_from": m["resumed_from"], "threads": torch.get_num_threads(), "started": started, "ended": time.time()}
+            "resumed_from": m["resumed_from"], "threads": torch.get_num_threads(), "started": started, "ended": time.time(),
+            "median_step_seconds": float(np.median(np.diff(ends))) if len(ends) > 1 else float("nan")}
 
 
 def read_record(folder: Path, name: str) -> dict[str, Any] | None:
