@@ -132,7 +132,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _failure(ctx, work: Path, k: int, name: str, bounds: list[int], resume: int) -> Exception:
+def _failure(ctx, work: Path, k: int, name: str, bounds: list[int]) -> Exception:
     """The one-line error of a failed pipeline: the stage that failed first in cause (one that raised
     something other than a broken connection, else one killed by a signal other than the SIGTERM
     sent to stop the others, else one that exited non-zero), what happened to it, and from which
@@ -156,8 +156,10 @@ def _failure(ctx, work: Path, k: int, name: str, bounds: list[int], resume: int)
     if cause is None:
         j = next((j for j, c in enumerate(codes) if c not in (0, None, -signal.SIGTERM)), 0)
         cause, reason = j, (f"raised {recs[j]['type']}: {recs[j]['message']}" if recs[j] else f"exited with code {codes[j]}")
+    common = set.intersection(*(set(checkpoint_steps(stage_dir(work, j))) for j in range(k)))
+    resume = max(common) if common else 0  # where a rerun restarts (resume_point)
     msg = (f"{name}: pipeline stage {cause} (block {cause}, layers {bounds[cause]}-{bounds[cause + 1] - 1}) {reason}; "
-           f"every stage was stopped; a rerun resumes from step {resume or 0}")
+           f"every stage was stopped; a rerun resumes from step {resume}")
     return PipelineStageError(msg, cause, reason)
 
 
@@ -219,7 +221,7 @@ def train_pipeline(lm, train_tokens: np.ndarray, setup: Mapping[str, Any], t: Ma
         while not ctx.join(grace_period=5.0):
             pass
     except (mp.ProcessExitedException, mp.ProcessRaisedException):
-        raise _failure(ctx, work, k, name, lm.bounds, resume) from None
+        raise _failure(ctx, work, k, name, lm.bounds) from None
     finally:
         for p in ctx.processes:  # the parent itself failed (interrupted): no stage outlives it
             if p.is_alive():
