@@ -176,3 +176,25 @@ def test_study_arms_that_differ_only_in_execution_are_compared_run_by_run():
     with pytest.raises(ConfigError, match=r"lists K=2, aux=mlp, mtp=off, pipeline twice"):
         load_local_config("", {"study": {"configs": [{"K": 1}, {"K": 2, "execution": "pipeline"},
                                                      {"K": 2, "aux": "mlp", "execution": "pipeline"}]}}, "local_tiny")
+
+
+def test_resume_point_is_the_last_step_every_stage_saved(tmp_path):
+    import torch
+    from zgcore.local.stage import stage_dir
+    from zgcore.training.loop import CKPT, TrainLoop
+
+    lin = torch.nn.Linear(2, 2)
+    loop = TrainLoop("t", [list(lin.parameters())], {**zl.LOCAL_DEFAULTS["train"]}, 8, None, "h", {"m": lin}, ["loss"])
+    saved = {0: [2, 4, 6], 1: [2, 4], 2: [4]}  # stage 2 lost its step-2 checkpoint to pruning after all saved 4
+    for j, steps in saved.items():
+        for s in steps:
+            loop.log = [[s, 1.0, 0.1]]
+            stage_dir(tmp_path, j).mkdir(parents=True, exist_ok=True)
+            loop.save(stage_dir(tmp_path, j) / f"checkpoint-{s:08d}.pt")
+    (stage_dir(tmp_path, 1) / "checkpoint-00000008.pt").write_bytes(b"damaged")  # never a resume point
+    assert zp.resume_point(tmp_path, 3) == 4
+    for j in range(3):
+        assert sorted(p.name for p in stage_dir(tmp_path, j).glob("checkpoint*.pt")) == \
+            sorted([CKPT] + [f"checkpoint-{s:08d}.pt" for s in saved[j] if s <= 4])
+        assert (stage_dir(tmp_path, j) / CKPT).read_bytes() == (stage_dir(tmp_path, j) / "checkpoint-00000004.pt").read_bytes()
+    assert zp.resume_point(tmp_path / "fresh", 2) == 0

@@ -120,8 +120,8 @@ class Inbox:
             self.latest, self.latest_step = (self.h, self.meta), self.next
             self.next += 1
             self._post()
-        h, meta = self.latest
-        return h, int(meta[0]), time.perf_counter() - t0
+        h, meta = self.latest  # sync: the batch is the step's own, and is not read back from the device
+        return h, step if self.sync else int(meta[0]), time.perf_counter() - t0
 
 
 class Outbox:
