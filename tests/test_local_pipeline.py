@@ -198,3 +198,34 @@ def test_resume_point_is_the_last_step_every_stage_saved(tmp_path):
             sorted([CKPT] + [f"checkpoint-{s:08d}.pt" for s in saved[j] if s <= 4])
         assert (stage_dir(tmp_path, j) / CKPT).read_bytes() == (stage_dir(tmp_path, j) / "checkpoint-00000004.pt").read_bytes()
     assert zp.resume_point(tmp_path / "fresh", 2) == 0
+
+
+def test_in_a_slurm_job_of_k_tasks_the_stages_are_one_srun(tmp_path, monkeypatch):
+    """A stand-in `srun` on PATH runs the K tasks here as Slurm would (SLURM_PROCID per task): the stages
+    start from `python -m zgcore.local.stage`, and the result is per_block's bytes."""
+    from workflows.slurm_cluster import worker_script
+
+    fake = tmp_path / "bin" / "srun"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/bash\necho "$@" > "$SRUN_CALLED"\nn=1; while [[ $1 == --* ]]; do [[ $1 == --ntasks=* ]] && n=${1#--ntasks=}; shift; done\n'
+                    'pids=(); for ((i=0; i<n; i++)); do SLURM_PROCID=$i "$@" & pids+=($!); done\n'
+                    'rc=0; for p in "${pids[@]}"; do wait $p || rc=$?; done; exit $rc\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    monkeypatch.setenv("SRUN_CALLED", str(tmp_path / "srun-called"))
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    with pytest.raises(ConfigError, match=r"local.K=4 pipeline stages need 4 CPU cores"):
+        zp.check_pipeline(4, "cpu", zl.LOCAL_DEFAULTS["train"], cores=2)  # one task: spawned, on its cores
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    with pytest.raises(ConfigError, match=r"local.K=4 pipeline stages need 4 Slurm tasks, this job has 2: .*--tasks-per-worker 4"):
+        zp.check_pipeline(4, "cpu", zl.LOCAL_DEFAULTS["train"])
+    assert zp.srun_command(Path("/w/spec"), 2, 3)[:4] == ["srun", "--ntasks=2", "--kill-on-bad-exit=1", "--cpus-per-task=3"]
+    script = worker_script(tmp_path, "LocalLearningStudy", [], workers=1, gpus=0, cpus=2, partition=None, time_limit=None,
+                           mem=None, sched_host="h", sched_port=1, name="n", extra=[], tasks=2)
+    assert "#SBATCH --ntasks=2\n" in script and "--nodes=1" not in script and "--ntasks=1" not in script
+    ref, task = _task(tmp_path, 2, "per_block"), _task(tmp_path, 2, "pipeline")
+    _build(ref)
+    _build(task)
+    assert _weights(task) == _weights(ref)
+    assert (tmp_path / "srun-called").read_text().startswith("--ntasks=2 --kill-on-bad-exit=1 ")  # srun started them

@@ -3,7 +3,8 @@
 The reason greedy local learning exists (arXiv 2610.04867, first sentence): without a backward
 pass between blocks, "inter-stage communication becomes forward-only and every block can step its
 optimizer independently". Here each block runs in its own process (:mod:`zgcore.local.stage`),
-started with ``torch.multiprocessing`` (spawn) from the calling process, rendezvous through a
+started with ``torch.multiprocessing`` (spawn) from the calling process, or, in a Slurm job of
+several tasks, as the tasks of one ``srun`` (:func:`srun_command`); rendezvous through a
 ``torch.distributed.FileStore`` in the run's work folder, messages through ``torch.distributed``
 point-to-point calls (gloo on CPU, NCCL on CUDA, one GPU per block). Two schedules
 (``train.pipeline_sync``): ``true`` gives the ``per_block`` run's weights bit for bit; ``false``
@@ -55,6 +56,17 @@ class PipelineStageError(RuntimeError):
         return type(self), (str(self), self.stage, self.reason)
 
 
+def slurm_tasks() -> int:
+    """The tasks of the Slurm job this process runs in (``SLURM_NTASKS``), 0 outside one. With more
+    than one, a pipeline starts its stages as the tasks of one ``srun`` instead of spawning them."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return 0
+    try:
+        return int(os.environ.get("SLURM_NTASKS", "0"))
+    except ValueError:
+        return 0
+
+
 def check_pipeline(k: int, device: str, t: Mapping[str, Any], cores: int | None = None, capacity: bool = True) -> str:
     """Check that a pipelined run can start here, before anything runs; returns the backend
     (``"gloo"`` on CPU, ``"nccl"`` on CUDA).
@@ -63,7 +75,8 @@ def check_pipeline(k: int, device: str, t: Mapping[str, Any], cores: int | None 
         ConfigError: ``K < 2`` (one block: use ``per_block``); a device with no ``torch.distributed``
             backend here (anything but CPU with gloo and CUDA with NCCL); more blocks than the host
             gives processes: CUDA devices (one per block) or usable CPU cores (its affinity and
-            cgroup quota, :func:`zgcore.threads.usable_cores`: one per block); ``train.pipeline_sync``
+            cgroup quota, :func:`zgcore.threads.usable_cores`: one per block), or in a Slurm job of
+            several tasks (:func:`slurm_tasks`) its tasks; ``train.pipeline_sync``
             not true or false. ``capacity=False`` checks the configuration only, not this host's
             devices and cores (a graph built on one host and run on another: the task checks again).
     """
@@ -78,6 +91,12 @@ def check_pipeline(k: int, device: str, t: Mapping[str, Any], cores: int | None 
         raise ConfigError(f"train.execution=\"pipeline\" runs on device=cpu (gloo) or device=cuda (NCCL); "
                           f"device={device} has no torch.distributed backend here: set device=cpu or train.execution=\"per_block\"")
     if not capacity:
+        return "nccl" if kind == "cuda" else "gloo"
+    tasks = slurm_tasks()
+    if tasks > 1:  # the stages will be this job's tasks: Slurm gave each its cores (and GPU)
+        if k > tasks:
+            raise ConfigError(f"local.K={k} pipeline stages need {k} Slurm tasks, this job has {tasks}: "
+                              f"zerograph slurm ... --tasks-per-worker {k}, or lower local.K")
         return "nccl" if kind == "cuda" else "gloo"
     if kind == "cuda":
         if not torch.cuda.is_available() or not dist.is_nccl_available():
@@ -132,13 +151,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _failure(ctx, work: Path, k: int, name: str, bounds: list[int]) -> Exception:
+def _failure(codes: list[int | None], work: Path, k: int, name: str, bounds: list[int]) -> Exception:
     """The one-line error of a failed pipeline: the stage that failed first in cause (one that raised
     something other than a broken connection, else one killed by a signal other than the SIGTERM
     sent to stop the others, else one that exited non-zero), what happened to it, and from which
-    step a rerun resumes. A stage's non-finite loss comes back as :class:`NonFiniteError`."""
+    step a rerun resumes. A stage's non-finite loss comes back as :class:`NonFiniteError`. ``codes``:
+    each stage's exit code (negative: the signal that ended it; ``None``: unknown, an ``srun`` task)."""
     recs = [read_record(stage_dir(work, j), ERROR) for j in range(k)]
-    codes = [p.exitcode for p in ctx.processes]
     for j, r in enumerate(recs):
         if r and r.get("non_finite"):
             nf = r["non_finite"]
@@ -153,6 +172,11 @@ def _failure(ctx, work: Path, k: int, name: str, bounds: list[int]) -> Exception
             if c is not None and c < 0 and -c != signal.SIGTERM and not recs[j]:
                 cause, reason = j, f"was killed by {signal.Signals(-c).name}"
                 break
+    if cause is None:  # an srun task that left neither a result nor an error: Slurm or the kernel ended it
+        j = next((j for j, c in enumerate(codes) if c is None and not recs[j]
+                  and read_record(stage_dir(work, j), RESULT) is None), None)
+        if j is not None:
+            cause, reason = j, "ended without a result or an error (killed: see the job's log)"
     if cause is None:
         j = next((j for j, c in enumerate(codes) if c not in (0, None, -signal.SIGTERM)), 0)
         cause, reason = j, (f"raised {recs[j]['type']}: {recs[j]['message']}" if recs[j] else f"exited with code {codes[j]}")
@@ -177,7 +201,7 @@ def train_pipeline(lm, train_tokens: np.ndarray, setup: Mapping[str, Any], t: Ma
         work: the work folder (checkpoints per stage, the merged ``loss_log.csv`` and each stage's
             final state as ``train_state_stage<j>.pt``); ``None``: a temporary folder, removed.
         threads: torch threads per stage (default: this process's threads divided among the K
-            stages, at least 1).
+            stages, at least 1; in an ``srun`` task, this process's threads).
 
     Returns:
         :func:`~zgcore.local.training.train_local`'s metrics (``steps``, ``tokens``,
@@ -193,8 +217,6 @@ def train_pipeline(lm, train_tokens: np.ndarray, setup: Mapping[str, Any], t: Ma
         ConfigError: :func:`check_pipeline`, before any process starts. PipelineStageError: a stage
             died or raised (one line naming it). NonFiniteError: a stage's loss or gradient norm.
     """
-    import torch.multiprocessing as mp
-
     k = lm.k
     check_pipeline(k, device, t)
     seq_len = train_tokens.shape[1]
@@ -213,24 +235,61 @@ def train_pipeline(lm, train_tokens: np.ndarray, setup: Mapping[str, Any], t: Ma
     store = work / f"rendezvous-{uuid.uuid4().hex[:8]}"
     spec = {"setup": dict(setup), "train": dict(t), "tokens": train_tokens, "vocab_size": lm.model.config.vocab_size,
             "k": k, "steps": steps, "device": str(device), "work": str(work), "store": str(store), "run_hash": run_hash,
-            "name": name, "parent": os.getpid(), "threads": threads or max(1, torch.get_num_threads() // k)}
+            "name": name, "parent": os.getpid(),  # an srun task has its own cores; spawned stages share this process's
+            "threads": threads or (torch.get_num_threads() if slurm_tasks() > 1 else max(1, torch.get_num_threads() // k))}
     t0 = time.perf_counter()
+    try:
+        if slurm_tasks() > 1:
+            _srun(spec, work, k, name, lm.bounds)
+        else:
+            _spawn(spec, work, k, name, lm.bounds)
+    finally:
+        store.unlink(missing_ok=True)
+    seconds = time.perf_counter() - t0
+    return _assemble(lm, work, k, steps, seq_len, bsz, sha.hexdigest(), seconds, memory, t, scratch)
+
+
+def _spawn(spec: dict, work: Path, k: int, name: str, bounds: list[int]) -> None:
+    """The stages as ``torch.multiprocessing`` (spawn) children of this process; when one fails the
+    others are stopped (SIGTERM, then SIGKILL) and :func:`_failure` is raised."""
+    import torch.multiprocessing as mp
+
     ctx = mp.start_processes(run_stage, args=(spec,), nprocs=k, join=False, start_method="spawn")
     write_json(work / PIDS, {"pids": [p.pid for p in ctx.processes]})
     try:
         while not ctx.join(grace_period=5.0):
             pass
     except (mp.ProcessExitedException, mp.ProcessRaisedException):
-        raise _failure(ctx, work, k, name, lm.bounds) from None
+        raise _failure([p.exitcode for p in ctx.processes], work, k, name, bounds) from None
     finally:
         for p in ctx.processes:  # the parent itself failed (interrupted): no stage outlives it
             if p.is_alive():
                 p.kill()
                 p.join()
-        store.unlink(missing_ok=True)
         (work / PIDS).unlink(missing_ok=True)
-    seconds = time.perf_counter() - t0
-    return _assemble(lm, work, k, steps, seq_len, bsz, sha.hexdigest(), seconds, memory, t, scratch)
+
+
+def srun_command(folder: Path, k: int, threads: int) -> list[str]:
+    """The ``srun`` that starts ``k`` stages as the tasks of this Slurm job (``--kill-on-bad-exit``:
+    one that fails ends the others), each running ``python -m zgcore.local.stage folder``."""
+    import sys
+
+    return ["srun", f"--ntasks={k}", "--kill-on-bad-exit=1", f"--cpus-per-task={threads}", sys.executable, "-m",
+            "zgcore.local.stage", str(folder)]
+
+
+def _srun(spec: dict, work: Path, k: int, name: str, bounds: list[int]) -> None:
+    """The stages as the tasks of one ``srun`` in this Slurm job (the spec as JSON and the tokens as
+    ``.npy`` in ``work/spec``); a failed step raises :func:`_failure`."""
+    import subprocess
+
+    folder = work / "spec"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "spec.json", {**{key: v for key, v in spec.items() if key != "tokens"}, "parent": 0})
+    np.save(folder / "tokens.npy", spec["tokens"])
+    r = subprocess.run(srun_command(folder, k, int(spec["threads"])))
+    if r.returncode != 0:
+        raise _failure([0 if read_record(stage_dir(work, j), RESULT) else None for j in range(k)], work, k, name, bounds)
 
 
 def _assemble(lm, work: Path, k: int, steps: int, seq_len: int, bsz: int, sha: str, seconds: float,

@@ -183,15 +183,19 @@ def _watch_parent(parent: int) -> None:
 
 
 def stage_device(device: str, j: int) -> torch.device:
-    """Stage ``j``'s device: ``cuda:j`` on CUDA (one GPU per block), else the CPU."""
-    return torch.device("cuda", j) if str(device).startswith("cuda") else torch.device("cpu")
+    """Stage ``j``'s device: on CUDA one GPU per block, ``cuda:j`` of the GPUs this process sees
+    (``cuda:0`` in an ``srun`` task given one GPU), else the CPU."""
+    if not str(device).startswith("cuda"):
+        return torch.device("cpu")
+    return torch.device("cuda", j % max(1, torch.cuda.device_count()))
 
 
 def run_stage(j: int, spec: Mapping[str, Any]) -> None:
     """Entry point of stage process ``j`` (``torch.multiprocessing`` calls it with its index):
     join the process group, train block ``j`` (:func:`train_stage`), write ``result.json`` into
     its folder, or ``error.json`` (type, message, whether it is a communication error) and raise."""
-    _watch_parent(int(spec["parent"]))
+    if spec["parent"]:  # started by torch.multiprocessing (an srun task is ended by Slurm instead)
+        _watch_parent(int(spec["parent"]))
     torch.set_num_threads(int(spec["threads"]))
     folder = stage_dir(Path(spec["work"]), j)
     dev = stage_device(spec["device"], j)
@@ -297,3 +301,19 @@ def read_record(folder: Path, name: str) -> dict[str, Any] | None:
         return json.loads((folder / name).read_text())
     except (OSError, ValueError):
         return None
+
+
+def main(argv: list[str]) -> None:
+    """``python -m zgcore.local.stage FOLDER``: one stage as a task of ``srun``, its index the task's
+    rank (``SLURM_PROCID``); ``FOLDER`` holds ``spec.json`` and ``tokens.npy``
+    (:func:`zgcore.local.pipeline.train_pipeline` writes them; nothing is unpickled)."""
+    folder = Path(argv[0])
+    spec = json.loads((folder / "spec.json").read_text())
+    spec["tokens"] = np.load(folder / "tokens.npy")
+    run_stage(int(os.environ["SLURM_PROCID"]), spec)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
