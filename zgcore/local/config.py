@@ -73,7 +73,8 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "K": [1, 2, 4],  # block counts compared (the product K x aux x mtp, unless configs is given)
         "aux": ["mlp", "transformer"],  # auxiliary heads compared
         "mtp": ["off", "first", "all"],  # MTP at no boundary, the first, or all interior ones
-        # explicit configurations instead of the K x aux x mtp product: [{K = 1}, {K = 4, aux = "mlp", mtp = "first"}, ...]
+        # explicit configurations instead of the K x aux x mtp product: [{K = 1}, {K = 4, aux = "mlp", mtp = "first"}, ...];
+        # an entry may also set lr, execution and pipeline_sync (arms that differ only in execution are compared)
         "configs": [],
         # learning-rate sweep: peak lrs tried for every configuration ([] = train.lr for all, no tuning split)
         "lrs": [],
