@@ -85,6 +85,7 @@ def pipeline(model: str, k: int, steps: int, sync: bool) -> dict:
 
 
 def mib(b: float) -> str:
+    """Bytes as whole MiB, for the printout."""
     return f"{b / 2 ** 20:.0f} MiB"
 
 
