@@ -8,14 +8,18 @@ For each K, on the same random token ids and settings:
 
 It prints tokens/s of each at its steady pace (tokens of a step over the median step time; for a
 pipeline the median of its slowest stage: warm-up steps and process start-up excluded), the ratio pipeline /
-per_block, each stage's peak resident memory while it trains (a stage builds the whole model first,
+per_block, each stage's training state (weights, gradients, AdamW moments: what K processes split)
+against the single process's, each stage's peak resident memory while it trains (a stage builds the whole model first,
 for its initial bits, and frees the other blocks: that peak is reset away, and so is the single
-process's build) against the single process's (and an idle interpreter
+process's build) against the single process's (and an idle interpreter with the same imports
 with torch and transformers imported, the floor every process pays), each stage's idle share
 (seconds waiting for input or for the next stage, over its loop's seconds: the bubble), and the
 *balance bound*: the sum over stages of their busy seconds over the largest one, the speed-up K
 devices would give if messages were free and the stages never waited. On CPU the stages share the
-memory bus and caches, so the measured ratio is the floor of what a device per block gives.
+memory bus and caches, so the measured ratio is the floor of what a device per block gives. At the
+CPU presets' sizes the resident memory is the runtime's floor (libraries, kernels, allocator), the
+same in every process: the training state and, on CUDA, each stage's ``cuda_peak_bytes`` in the
+run's metrics are the figures that show the split.
 
 K is skipped where this process may use fewer than K cores (it would measure time-sharing).
 
@@ -56,7 +60,9 @@ def setup(model: str, k: int, steps: int, execution: str, sync: bool = True) -> 
 
 
 def _idle_rss(_: int) -> int:
-    import transformers  # noqa: F401 (what every stage imports)
+    import transformers  # noqa: F401 (what every stage and the single process import)
+
+    import zgcore.local.pipeline  # noqa: F401
     return peak_rss()
 
 
@@ -84,9 +90,18 @@ def pipeline(model: str, k: int, steps: int, sync: bool) -> dict:
                               work=Path(work), threads=1)
 
 
+def state_bytes(model: str, k: int) -> list[int]:
+    """Bytes of each block's training state (float32 weights, gradients and AdamW's two moments:
+    16 bytes per parameter), the part of a process's memory that K processes split; the single
+    process holds their sum."""
+    run, vocab, tokens = setup(model, k, 1, "per_block")
+    lm = zl.build_local(run, vocab, tokens.shape[1])
+    return [16 * sum(p.numel() for p in lm.block_params(j)) for j in range(k)]
+
+
 def mib(b: float) -> str:
     """Bytes as whole MiB, for the printout."""
-    return f"{b / 2 ** 20:.0f} MiB"
+    return f"{b / 2 ** 20:.1f} MiB"
 
 
 def main() -> None:
@@ -102,8 +117,8 @@ def main() -> None:
     spawn = multiprocessing.get_context("spawn")
     with spawn.Pool(1) as pool:
         idle = pool.map(_idle_rss, [0])[0]
-    print(f"model {args.model}, {args.steps} steps, {cores} usable core(s); an idle interpreter with torch and "
-          f"transformers: {mib(idle)} peak resident")
+    print(f"model {args.model}, {args.steps} steps, {cores} usable core(s); an idle interpreter with torch, transformers "
+          f"and zgcore.local imported: {mib(idle)} peak resident")
     for k in args.k:
         if k > cores:
             print(f"K={k}: skipped, this process may use {cores} core(s) (K stages need K)")
@@ -120,8 +135,10 @@ def main() -> None:
                   f"{m['tokens_per_second']:.0f} tokens/s = {m['tokens_per_second'] / ref['tokens_per_second']:.2f}x per_block; "
                   f"balance bound {sum(busy) / max(busy):.2f}x (K devices, free messages); staleness max "
                   f"{[int(x) for x in m['staleness_max']]}")
+            state = state_bytes(args.model, k)
             for s in m["stages"]:
-                print(f"    stage {s['stage']}: peak {mib(s['peak_rss_bytes'])} = {s['peak_rss_bytes'] / ref['peak_rss_bytes']:.2f}x "
+                print(f"    stage {s['stage']}: training state {mib(state[s['stage']])} = "
+                      f"{state[s['stage']] / sum(state):.2f}x the single process's; peak {mib(s['peak_rss_bytes'])} = {s['peak_rss_bytes'] / ref['peak_rss_bytes']:.2f}x "
                       f"the single process ({(s['peak_rss_bytes'] - idle) / max(1, ref['peak_rss_bytes'] - idle):.2f}x above an idle "
                       f"interpreter); idle share {s['idle_share']:.2f}")
 
