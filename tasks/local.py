@@ -26,6 +26,7 @@ from zgcore.evaluation import compare, metrics
 from zgcore.data import corpus
 from zgcore.training import lr_search
 from zgcore.atomic import write_json
+from zgcore.local.pipeline import check_pipeline, train_pipeline
 from zgcore.training.loop import FINAL_STATE, LOSS_LOG, NonFiniteError
 from zgcore.threads import decoder_params
 
@@ -68,11 +69,13 @@ class _LocalTask(ZGTask):
         return PrepareCorpus(teacher=self.tokenizer, corpus=self.corpus, outputs=self.outputs)
 
     def config_label(self) -> str:
-        """``K<k>-<aux|e2e>[-mtp<boundaries>]-s<seed>``: the configuration, whatever its lr."""
+        """``K<k>-<aux|e2e>[-mtp<boundaries>][-pipe|-async]-s<seed>``: the configuration, whatever its lr."""
         loc = self.setup["local"]
         mtp = "-mtp" + "_".join(map(str, loc["mtp_boundaries"])) if loc["mtp_boundaries"] else ""
         aux = f"-{loc['aux']}" if int(loc["K"]) > 1 else "-e2e"
-        return f"K{loc['K']}{aux}{mtp}-s{self.setup['train']['seed']}"
+        t = self.setup["train"]
+        pipe = ("-pipe" if t.get("pipeline_sync", True) else "-async") if t.get("execution") == "pipeline" else ""
+        return f"K{loc['K']}{aux}{mtp}{pipe}-s{t['seed']}"
 
     def label(self):
         lr = f"-lr{float(self.setup['train']['lr']):g}" if self.setup["train"].get("holdout_sequences") else ""
@@ -100,7 +103,10 @@ class PretrainLocal(Resumable, _LocalTask):
     ``<out_dir>.partial`` and resumes from there, bitwise-identical to an uninterrupted run; a
     non-finite loss or gradient norm fails it at once (:class:`zgcore.training.loop.NonFiniteError`),
     except in a candidate of a learning-rate search (:func:`is_candidate`): there the output is
-    only ``diverged.json`` (lr, step, which value) and the search goes on without it."""
+    only ``diverged.json`` (lr, step, which value) and the search goes on without it. With
+    ``train.execution = "pipeline"`` it trains one process per block (:mod:`zgcore.local.pipeline`):
+    ``loss_log.csv`` then also holds each block's staleness and idle seconds per step, and each
+    stage's final state is ``train_state_stage<j>.pt``; a stage that dies fails it in one line."""
 
     def requires(self):
         return self.corpus_task()
@@ -112,9 +118,12 @@ class PretrainLocal(Resumable, _LocalTask):
         import torch
 
         setup = json.loads(json.dumps(self.setup, default=dict))
+        if setup["train"]["execution"] == "pipeline":  # devices and cores of this host, before anything is read
+            check_pipeline(int(setup["local"]["K"]), self.device, setup["train"])
         data = _model_tokens(self.corpus_task(), setup)
         ids, train = data["ids"], data["train"]
-        lm = zlocal.build_local(setup, len(ids), train.shape[1], self.device)
+        pipe = setup["train"]["execution"] == "pipeline"  # one process per block (zgcore.local.pipeline)
+        lm = zlocal.build_local(setup, len(ids), train.shape[1], "cpu" if pipe else self.device)
         n_params = sum(p.numel() for p in lm.model.parameters())
         n_aux = sum(p.numel() for p in lm.heads.parameters())
         self.log(f"{n_params:,} model + {n_aux:,} aux-head parameters, vocab {len(ids)}, blocks {lm.bounds}")
@@ -124,16 +133,21 @@ class PretrainLocal(Resumable, _LocalTask):
             self.progress(step, total, msg)
             self.log(msg)
         t = {**setup["train"], "log_every": 10, "checkpoint_every": int(self.checkpoint_every)}
+        kept = (LOSS_LOG, FINAL_STATE)
         try:
-            m = zlocal.train_local(lm, train, t, self.device, progress=report, work=self.work_dir, run_hash=self.uid,
-                                   name=self.title(), callbacks=self.watchers(self.tensorboard))
+            if pipe:
+                m = train_pipeline(lm, train, setup, t, self.device, work=self.work_dir, run_hash=self.uid, name=self.title())
+                kept = tuple(m.pop("kept"))
+            else:
+                m = zlocal.train_local(lm, train, t, self.device, progress=report, work=self.work_dir, run_hash=self.uid,
+                                       name=self.title(), callbacks=self.watchers(self.tensorboard))
         except NonFiniteError as e:
             if not is_candidate(setup):
                 raise
             search.record_divergence(self, setup["train"]["lr"], e)  # a search candidate: it loses
             return
         with self.building() as tmp:
-            self.keep_work(tmp, (LOSS_LOG, FINAL_STATE))
+            self.keep_work(tmp, kept)
             zlocal.save_local(tmp, lm, ids, setup)
             write_json(tmp / "metrics.json", {**m, "parameters": n_params, "aux_parameters": n_aux, "vocab_size": len(ids),
                                               "bounds": lm.bounds, "device": str(self.device), "torch": torch.__version__})

@@ -21,12 +21,17 @@ def load_local_config(config: str = "", overrides: str = "", preset: str = "loca
 
     Raises:
         zgcore.config.experiment.ConfigError: what to fix (K above the layer count, an MTP boundary that does not
-            exist, an unknown aux head, an unknown preset or key, ...).
+            exist, an unknown aux head, an unknown preset or key, a pipeline on a device without a
+            torch.distributed backend, ...).
     """
     from zgcore import local as zlocal
+    from zgcore.local.pipeline import check_pipeline
     from zgcore.models.teacher import describe
 
     cfg = zlocal.resolve_local(config or None, overrides or None, base=load_preset(preset, "local"))
+    for cell in zlocal.expand_study(cfg):  # a pipeline's settings and device (this host's cores: the task checks)
+        if cell["run"]["train"]["execution"] == "pipeline":
+            check_pipeline(int(cell["K"]), cfg["device"], cell["run"]["train"], capacity=False)
     info = describe(cfg["tokenizer"])
     if int(cfg["corpus"]["seq_len"]) > info.max_positions:
         raise zconfig.ConfigError(f"corpus.seq_len={cfg['corpus']['seq_len']} exceeds the context of {cfg['tokenizer']} "
@@ -58,6 +63,7 @@ class LocalLearningStudy(ConfiguredWorkflow):
             parameter with an lr grid, 18.5 min with two workers), ``local_cpu_10tpp`` (CPU, 10 tokens per
             non-embedding parameter, each configuration's lr searched at the full budget; 76 min measured),
             ``local_cpu_5seed`` (CPU, five runs per configuration at fixed lrs and a FLOPs-matched K=1 arm),
+            ``local_cpu_pipeline`` (CPU, the asynchronous pipeline against per_block at K=2, three runs each),
             ``local_tiny`` (seconds), ``local_gpu_125m``, ``local_gpu_400m`` (20 tokens per non-embedding parameter).
         outputs: root folder of run artifacts.
 

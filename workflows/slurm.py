@@ -103,6 +103,9 @@ def launch(workflow: str = WorkflowArg,
            gpus_per_worker: int = typer.Option(0, "--gpus-per-worker", "-g", min=0,
                                                help="GPUs per job (--gres=gpu:G, one luigi worker per GPU)"),
            cpus_per_worker: int = typer.Option(1, "--cpus-per-worker", min=1, help="CPUs per job (--cpus-per-task)"),
+           tasks_per_worker: int = typer.Option(1, "--tasks-per-worker", min=1,
+                                                help="Slurm tasks per job (--ntasks): K for a pipelined local-learning "
+                                                     "run (train.execution=pipeline), whose K stages run as one srun"),
            mem: Optional[str] = typer.Option(None, "--mem", help="memory per job, e.g. 32G (--mem)"),
            partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition (default: the cluster's)"),
            time_limit: Optional[str] = typer.Option(None, "--time", help="time limit per job, e.g. 04:00:00"),
@@ -126,7 +129,7 @@ def launch(workflow: str = WorkflowArg,
         set_, wf, exp = _resolve(workflow, config, set, preset, outputs, gpus_per_worker)
         typer.echo(_dry_run(workflow, exp, experiment_options(config, set_, preset, outputs), workers, gpus_per_worker,
                             cpus_per_worker, partition, time_limit, mem, outputs, shlex.split(sbatch_args),
-                            scheduler_host, scheduler_port))
+                            scheduler_host, scheduler_port, tasks_per_worker))
         return
     _check_tools()
     set_, wf, exp = _resolve(workflow, config, set, preset, outputs, gpus_per_worker)
@@ -144,7 +147,7 @@ def launch(workflow: str = WorkflowArg,
     port = scheduler_port or free_port()
     script = worker_script(folder, workflow, options, workers=workers, gpus=gpus_per_worker, cpus=cpus_per_worker,
                            partition=partition, time_limit=time_limit, mem=mem, sched_host=sched_host,
-                           sched_port=port, name=f"zg-{exp}"[:60], extra=extra)
+                           sched_port=port, name=f"zg-{exp}"[:60], extra=extra, tasks=tasks_per_worker)
     test = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=120)
     if test.returncode != 0:
         fail(f"sbatch refused the job: {(test.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -213,7 +216,7 @@ def _cmd_options(workflow: str, options: list[str]) -> str:
 
 
 def _dry_run(workflow: str, exp: str, options: list[str], workers: int, gpus: int, cpus: int, partition, time_limit,
-             mem, outputs: str, extra: list[str], scheduler_host, scheduler_port: int) -> str:
+             mem, outputs: str, extra: list[str], scheduler_host, scheduler_port: int, tasks: int = 1) -> str:
     """What ``--dry-run`` prints: the job script as a launch would write it. With Slurm stopped or
     unreachable the partition is not checked and luigid's address is a placeholder (said in a comment)."""
     folder = Path(outputs) / "slurm" / exp
@@ -228,7 +231,7 @@ def _dry_run(workflow: str, exp: str, options: list[str], workers: int, gpus: in
                 "checked; LUIGID_HOST and LUIGID_PORT stand for what a launch chooses")
     script = worker_script(folder, workflow, options, workers=workers, gpus=gpus, cpus=cpus, partition=partition,
                            time_limit=time_limit, mem=mem, sched_host=sched_host, sched_port=port,
-                           name=f"zg-{exp}"[:60], extra=extra)
+                           name=f"zg-{exp}"[:60], extra=extra, tasks=tasks)
     return (f"# experiment {exp}; would write {folder}/worker.sbatch and run: sbatch --parsable "
             f"{folder}/worker.sbatch{note}\n{script}")
 

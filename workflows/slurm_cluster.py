@@ -251,7 +251,7 @@ def stop_luigid(info: dict[str, Any]) -> bool:
 
 def worker_script(folder: Path, workflow: str, options: list[str], *, workers: int, gpus: int, cpus: int,
                   partition: Optional[str], time_limit: Optional[str], mem: Optional[str], sched_host: str,
-                  sched_port: int | str, name: str, extra: list[str]) -> str:
+                  sched_port: int | str, name: str, extra: list[str], tasks: int = 1) -> str:
     """The sbatch script of the worker job array (one array element per worker job).
 
     Each element runs one ``luigi`` worker per GPU Slurm gave it (``CUDA_VISIBLE_DEVICES``), or one
@@ -259,8 +259,12 @@ def worker_script(folder: Path, workflow: str, options: list[str], *, workers: i
     sends USR1 (``--signal=B:USR1@90``) and the job requeues itself (``--requeue`` also lets Slurm
     requeue it on preemption or node failure); an interrupted ``TrainBlock`` resumes from its checkpoint.
     The script stops at the first command that fails (``set -Eeuo pipefail``), naming it in the job's log.
-    ``sched_port`` may be a placeholder string (``--dry-run`` without a cluster)."""
-    sb = [f"--job-name={name}", f"--array=0-{workers - 1}", f"--cpus-per-task={cpus}", "--nodes=1", "--ntasks=1",
+    ``sched_port`` may be a placeholder string (``--dry-run`` without a cluster). ``tasks`` > 1 gives
+    each job that many Slurm tasks (``--ntasks``; the luigi worker runs once, in the batch step): a
+    pipelined local-learning run (``train.execution = "pipeline"``) starts its K stages as the tasks
+    of one ``srun`` (:mod:`zgcore.local.pipeline`)."""
+    place = ["--nodes=1", "--ntasks=1"] if tasks == 1 else [f"--ntasks={tasks}"]
+    sb = [f"--job-name={name}", f"--array=0-{workers - 1}", f"--cpus-per-task={cpus}", *place,
           f"--output={folder}/logs/worker-%A_%a.log", "--open-mode=append", "--requeue",
           f"--signal=B:{REQUEUE_SIGNAL}"]
     if partition:
@@ -270,7 +274,7 @@ def worker_script(folder: Path, workflow: str, options: list[str], *, workers: i
     if mem:
         sb.append(f"--mem={mem}")
     if gpus:
-        sb.append(f"--gres=gpu:{gpus}")
+        sb.append(f"--gres=gpu:{gpus}" if tasks == 1 else f"--gpus-per-task={max(1, gpus // tasks)}")
     cmd = shlex.join([sys.executable, "-m", "luigi", "--module", "workflows", workflow, "--scheduler-host", sched_host,
                       "--scheduler-port", str(sched_port), "--no-lock", "--workers", "1", *options])
     head = "\n".join(f"#SBATCH {a}" for a in [*sb, *extra])

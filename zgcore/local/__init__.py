@@ -20,7 +20,9 @@ end-to-end backprop, bit for bit.
 Boundaries are numbered ``1..K``: boundary ``i`` is the output of block ``i - 1``; boundaries
 ``1..K-1`` carry aux heads (and may carry MTP), boundary ``K`` is the model's output.
 
-Two execution modes compute the same update: ``together`` (every block's forward on the batch,
+A third execution, ``pipeline``, runs one process per block with forward-only messages
+(:mod:`.pipeline`, one stage: :mod:`.stage`); its sync schedule gives ``per_block``'s weights bit
+for bit. Two execution modes in one process compute the same update: ``together`` (every block's forward on the batch,
 one backward over the sum of the block losses, then every optimizer steps) and ``per_block``
 (block by block: forward, backward, step, keep only the detached boundary activation). Their peak
 activation memory is measured, not computed: see :class:`zgcore.training.memory.SavedTensorMeter`.
@@ -50,6 +52,7 @@ from .report import (choose_lr, paper_findings, planned_tokens_per_parameter, pl
                      tokens_per_parameter)
 from .training import (STEPS, batch_indices, evaluate_local, measure_activation_memory, step_per_block, step_together,
                        train_local)
+from .pipeline import PipelineStageError, check_pipeline, resume_point, train_pipeline
 
 __all__ = ["SEED_VARIES", "seeded", "validate_seeds", "AUX_HEADS", "EXECUTIONS", "LOCAL_DEFAULTS", "MTP_CHOICES", "UNHASHED_TOP", "UNK", "VOCABS", "AuxHead",
            "LocalLM", "ResidualMLP", "STEPS", "SavedTensorMeter", "TransformerTrunk", "batch_indices", "boundaries",
@@ -58,4 +61,5 @@ __all__ = ["SEED_VARIES", "seeded", "validate_seeds", "AUX_HEADS", "EXECUTIONS",
            "normalise_run", "paper_findings", "parse_vocab", "plot_gap_vs_k", "remap", "report_markdown",
            "resolve_local", "save_local", "shifted_ce", "step_per_block", "step_together", "steps_for", "study_lrs",
            "study_report", "sweep_run", "top_ids", "train_local", "tune_budget", "validate_local", "validate_model",
-           "validate_sweep", "validate_train", "vocab_ids"]
+           "validate_sweep", "validate_train", "vocab_ids", "PipelineStageError", "check_pipeline", "resume_point",
+           "train_pipeline"]

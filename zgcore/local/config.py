@@ -16,7 +16,9 @@ from zgcore.config.experiment import (DEFAULTS as _MAIN_DEFAULTS, ConfigError, _
 from .data import parse_vocab
 
 AUX_HEADS = ("mlp", "transformer")
-EXECUTIONS = ("together", "per_block")
+EXECUTIONS = ("together", "per_block", "pipeline")
+# the execution modes computed in one process (their activation memory is measured in both)
+ONE_PROCESS = ("together", "per_block")
 VOCABS = ("compact", "full", "top:N")
 MTP_CHOICES = ("off", "first", "all")
 # The values a key may take, by dotted key (the configuration reference lists them).
@@ -50,7 +52,12 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "grad_clip": 1.0,  # gradient-norm clipping (0 = none)
         "seed": 0,  # model and aux-head initialisation
         "data_seed": 0,  # batch order; shared by every configuration of a study
-        "execution": "together",  # K blocks in one process per step (together) or one block after another (per_block)
+        # K blocks in one process per step (together), one block after another (per_block), or one process per block
+        # with forward-only messages between them (pipeline; zgcore.local.pipeline, docs/local_learning.md)
+        "execution": "together",
+        # pipeline only: true = block j consumes exactly block j-1's output of the same step (per_block's weights bit for
+        # bit); false = asynchronous, block j may train on input up to j steps old (its staleness, recorded per step)
+        "pipeline_sync": True,
         "log_every": 10,  # steps between loss-log rows
         "checkpoint_every": 50,  # steps between checkpoints of a PretrainLocal (resume); not hashed
         "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.training.watch); not hashed
@@ -66,7 +73,8 @@ LOCAL_DEFAULTS: dict[str, Any] = {
         "K": [1, 2, 4],  # block counts compared (the product K x aux x mtp, unless configs is given)
         "aux": ["mlp", "transformer"],  # auxiliary heads compared
         "mtp": ["off", "first", "all"],  # MTP at no boundary, the first, or all interior ones
-        # explicit configurations instead of the K x aux x mtp product: [{K = 1}, {K = 4, aux = "mlp", mtp = "first"}, ...]
+        # explicit configurations instead of the K x aux x mtp product: [{K = 1}, {K = 4, aux = "mlp", mtp = "first"}, ...];
+        # an entry may also set lr, execution and pipeline_sync (arms that differ only in execution are compared)
         "configs": [],
         # learning-rate sweep: peak lrs tried for every configuration ([] = train.lr for all, no tuning split)
         "lrs": [],
@@ -166,14 +174,25 @@ def validate_train(t: Mapping[str, Any], seq_len: int) -> None:
     _int("train.checkpoint_every", t["checkpoint_every"])
     if not isinstance(t["tensorboard"], bool):
         raise ConfigError(f"train.tensorboard must be true or false, got {t['tensorboard']!r}")
+    _check_execution(t, "train.")
+
+
+def _check_execution(t: Mapping[str, Any], where: str) -> None:
+    """``execution`` is known; ``pipeline_sync`` is a bool, and false only with ``execution = "pipeline"``."""
     if t["execution"] not in EXECUTIONS:
-        raise ConfigError(f"train.execution must be one of {EXECUTIONS}, got {t['execution']!r}")
+        raise ConfigError(f"{where}execution must be one of {EXECUTIONS}, got {t['execution']!r}")
+    if not isinstance(t["pipeline_sync"], bool):
+        raise ConfigError(f"{where}pipeline_sync must be true or false, got {t['pipeline_sync']!r}")
+    if t["pipeline_sync"] is False and t["execution"] != "pipeline":
+        raise ConfigError(f"{where}pipeline_sync=false (the asynchronous schedule) needs {where}execution=\"pipeline\", "
+                          f"got {t['execution']!r}: set both, or drop {where}pipeline_sync")
 
 
 def normalise_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """Canonical form of one configuration ``{"model", "train", "local"}``: K=1 has no aux head
     or MTP (``aux="none"``, ``mtp_boundaries=[]``), MTP boundaries sorted, settings that cannot
-    matter dropped from ``local``, so equal computations hash alike."""
+    matter dropped from ``local`` (and ``train.pipeline_sync`` outside a pipeline; a pipeline of
+    K=1 is ``per_block``), so equal computations hash alike."""
     run = copy.deepcopy(dict(run))
     loc = run["local"]
     if int(loc["K"]) == 1:
@@ -183,6 +202,10 @@ def normalise_run(run: Mapping[str, Any]) -> dict[str, Any]:
     if not loc["mtp_boundaries"]:
         loc.update(mtp_n=1, mtp_weight=0.0)
     run["train"] = {k: v for k, v in run["train"].items() if k not in ("log_every", "checkpoint_every", "tensorboard")}
+    if run["train"].get("execution") == "pipeline" and loc["K"] == 1:  # one block: a pipeline of one stage is per_block
+        run["train"]["execution"] = "per_block"
+    if run["train"].get("execution") != "pipeline":  # the schedule of a pipeline only
+        run["train"].pop("pipeline_sync", None)
     if not run["train"].get("holdout_sequences"):  # no tuning split: the form (and hash) of a run without a sweep
         run["train"].pop("holdout_sequences", None)
     return run
@@ -261,19 +284,30 @@ def _explicit_cells(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> list[tup
     for i, c in enumerate(cfg["study"]["configs"]):
         if not isinstance(c, Mapping):
             raise ConfigError(f"study.configs[{i}] must be a table such as {{K = 4, aux = \"mlp\", mtp = \"first\"}}, got {c!r}")
-        _check_keys(f"study.configs[{i}]", c, {"K": 0, "aux": 0, "mtp": 0, "lr": 0})
+        _check_keys(f"study.configs[{i}]", c, {"K": 0, "aux": 0, "mtp": 0, "lr": 0, "execution": 0, "pipeline_sync": 0})
         if "K" not in c:
             raise ConfigError(f"study.configs[{i}] needs K")
         if "lr" in c:
             _num(f"study.configs[{i}].lr", c["lr"], positive=True)
-        out.append((_int(f"study.configs[{i}].K", c["K"]), c.get("aux", base["local"]["aux"]), c.get("mtp", "off"), c.get("lr")))
+        train = {k: c[k] for k in ("lr", "execution", "pipeline_sync") if k in c}
+        _check_execution({**base["train"], **train}, f"study.configs[{i}].")
+        out.append((_int(f"study.configs[{i}].K", c["K"]), c.get("aux", base["local"]["aux"]), c.get("mtp", "off"), train))
     return out
+
+
+def execution_label(train: Mapping[str, Any]) -> str:
+    """How an arm names a configuration's execution when ``study.configs`` sets it: ``"pipeline"``,
+    ``"async pipeline"``, ``"per_block"`` or ``"together"``."""
+    if train.get("execution") == "pipeline":
+        return "pipeline" if train.get("pipeline_sync", True) else "async pipeline"
+    return str(train.get("execution"))
 
 
 def expand_study(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The study's configurations: every ``K x aux x mtp`` of ``cfg["study"]`` (K=1 once, as the
     end-to-end baseline), or the list ``study.configs`` when given, each ``{"K", "aux", "mtp",
-    "run"}`` where ``run`` is a normalised configuration (see :func:`normalise_run`). Cells that
+    "run"}`` (plus ``"execution"``, :func:`execution_label`, where an entry of ``study.configs``
+    sets ``execution`` or ``pipeline_sync`` for K > 1: arms that differ only in it) where ``run`` is a normalised configuration (see :func:`normalise_run`). Cells that
     compute the same thing (``first`` and ``all`` at K=2) share one ``run``. An empty ``study.K``
     (and no ``study.configs``) means the single ``local`` configuration. With a learning-rate
     sweep (``study.lrs``) every run holds out ``study.tune_sequences`` training sequences
@@ -303,22 +337,24 @@ def expand_study(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
         combos = []
         for k in ks:
             _int("study.K entry", k)
-            combos += [(int(k), aux, mtp, None) for aux in (["none"] if k == 1 else auxs) for mtp in (["off"] if k == 1 else mtps)]
+            combos += [(int(k), aux, mtp, {}) for aux in (["none"] if k == 1 else auxs) for mtp in (["off"] if k == 1 else mtps)]
     if 1 not in ks:
         where = "study.configs must include a configuration with K=1" if explicit else f"study.K={ks} must include 1"
         raise ConfigError(f"{where}: K=1 (end-to-end backprop) is the baseline every gap is measured against")
     cells, seen = [], set()
-    for k, aux, mtp, lr in combos:
+    for k, aux, mtp, over in combos:
         aux = "none" if k == 1 else aux
         loc = {**cfg["local"], "K": k, "aux": aux if k > 1 else cfg["local"]["aux"],
                "mtp_boundaries": mtp_boundaries_for(mtp, k)}
         validate_local(loc, cfg["model"]["n_layers"])
         label = "off" if mtp is False or k == 1 else mtp if isinstance(mtp, str) else str(list(mtp))
-        if (k, aux, label) in seen:
-            raise ConfigError(f"study.configs lists K={k}, aux={aux}, mtp={label} twice")
-        seen.add((k, aux, label))
-        train = base["train"] if lr is None else {**base["train"], "lr": float(lr)}
-        cells.append({"K": k, "aux": aux, "mtp": label, "run": normalise_run({**base, "train": train, "local": loc})})
+        train = {**base["train"], **over, **({"lr": float(over["lr"])} if "lr" in over else {})}
+        execution = execution_label(train) if ("execution" in over or "pipeline_sync" in over) and k > 1 else ""
+        if (k, aux, label, execution) in seen:
+            raise ConfigError(f"study.configs lists K={k}, aux={aux}, mtp={label}{f', {execution}' if execution else ''} twice")
+        seen.add((k, aux, label, execution))
+        cell = {"K": k, "aux": aux, "mtp": label, "run": normalise_run({**base, "train": train, "local": loc})}
+        cells.append({**cell, "execution": execution} if execution else cell)
     return cells
 
 

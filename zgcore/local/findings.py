@@ -14,20 +14,23 @@ NOT_RESOLVED_STATUS = "not resolved"  # a comparison the finding needs has no ve
 
 def arm_name(cell: Mapping[str, Any]) -> str:
     """A configuration's name in comparisons: ``"K=1 (e2e)"``, ``"K=1 (e2e, FLOPs-matched)"``,
-    ``"K=4 transformer"``, ``"K=4 transformer MTP first"``."""
+    ``"K=4 transformer"``, ``"K=4 transformer MTP first"``, ``"K=4 mlp [async pipeline]"`` (an entry
+    of ``study.configs`` that sets its execution)."""
     if cell.get("flops_matched"):
         return FLOPS_MATCHED
     if int(cell["K"]) == 1:
         return "K=1 (e2e)"
     mtp = cell.get("mtp", "off")
-    return f"K={cell['K']} {cell['aux']}" + ("" if mtp in ("off", False, None) else f" MTP {mtp}")
+    name = f"K={cell['K']} {cell['aux']}" + ("" if mtp in ("off", False, None) else f" MTP {mtp}")
+    return f"{name} [{cell['execution']}]" if cell.get("execution") else name
 
 
 def compared_pairs(cells: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """The pairs the study compares (names by :func:`arm_name`; CE of a minus CE of b): every K>1
     configuration vs K=1; per aux head without MTP, each larger K vs each smaller K>1; per K>1
     without MTP, the Transformer head vs the MLP head; per K>1 and aux head, MTP first vs off, all vs
-    off, first vs all; every K>1 configuration vs the FLOPs-matched K=1 arm when there is one. A pair
+    off, first vs all; every K>1 configuration vs the FLOPs-matched K=1 arm when there is one; an arm
+    with its own execution (``[...]``) vs the same configuration executed otherwise. A pair
     is listed once (never also the other way round)."""
     names = list(dict.fromkeys(arm_name(c) for c in cells))
     have = set(names)
@@ -45,6 +48,9 @@ def compared_pairs(cells: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
             pairs += [(f"{n} MTP first", n), (f"{n} MTP all", n), (f"{n} MTP first", f"{n} MTP all")]
         at_k = [n for n in names if n.startswith(f"K={k} ")]
         pairs += [(f, o) for f in at_k if f.endswith("MTP first") for o in at_k]  # is MTP first the best at this K?
+    for n in sorted(names, key=lambda n: "pipeline]" not in n):  # an arm with its own execution (a pipeline first)
+        if " [" in n:  # vs the same configuration executed otherwise
+            pairs += [(n, o) for o in names if o != n and o.split(" [")[0] == n.split(" [")[0]]
     seen, out = set(), []
     for p in pairs:
         if p[0] in have and p[1] in have and p[0] != p[1] and frozenset(p) not in seen:

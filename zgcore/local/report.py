@@ -179,7 +179,8 @@ def report_markdown(rep: Mapping[str, Any]) -> str:
     mib = lambda b: num(None if b is None else b / 2 ** 20, ".1f")
     tb = rep["token_budget"]
     m = rep["model"]
-    rows = [[r["K"] if not r.get("flops_matched") else "1 (FLOPs-matched)", r["aux"], r["mtp_label"], r.get("seed", 0),
+    rows = [[r["K"] if not r.get("flops_matched") else "1 (FLOPs-matched)",
+             r["aux"] + (f" [{r['arm'].split(' [')[1]}" if " [" in r.get("arm", "") else ""), r["mtp_label"], r.get("seed", 0),
              f"{r['lr']:g}", f"{r['tokens']:,}", num(r.get("flops"), ".3e"), num(r["held_out_ce"]), num(r["gap"], "+.4f"),
              " / ".join(num(c, ".3f") for c in r["boundary_ce"]), mib(r["mem_together_bytes"]),
              mib(r["mem_per_block_bytes"]), num(r["memory_ratio"], ".2f") + "x", num(r["train_seconds"], ".0f")]

@@ -17,7 +17,7 @@ from zgcore.data.order import data_order
 from zgcore.training.loop import StepInfo, TrainLoop
 from zgcore.training.memory import measure_peak
 from zgcore.evaluation.metrics import cross_entropies
-from .config import EXECUTIONS, steps_for
+from .config import ONE_PROCESS, steps_for
 from .model import LocalLM
 
 
@@ -80,8 +80,8 @@ def measure_activation_memory(lm: LocalLM, ids: torch.Tensor, mode: str) -> dict
         ``{"mode", "saved_peak_bytes", "cuda_peak_bytes"}``: bytes, the second ``None`` off CUDA
         (see :func:`zgcore.training.memory.measure_peak`). Raises :class:`ConfigError` for an unknown mode.
     """
-    if mode not in EXECUTIONS:
-        raise ConfigError(f"execution mode must be one of {EXECUTIONS}, got {mode!r}")
+    if mode not in ONE_PROCESS:
+        raise ConfigError(f"execution mode must be one of {ONE_PROCESS}, got {mode!r}")
 
     def forward_backward() -> None:
         if mode == "together":
@@ -124,7 +124,10 @@ def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], dev
     steps = steps_for(t, seq_len)
     bsz, data_seed = int(t["batch_size"]), int(t["data_seed"])
     first = torch.as_tensor(train_tokens[batch_indices(len(train_tokens), bsz, data_seed, 0)], device=device)
-    memory = {m: measure_activation_memory(lm, first, m) for m in EXECUTIONS}
+    if t["execution"] not in STEPS:
+        raise ConfigError(f"train_local runs train.execution in {tuple(STEPS)}; {t['execution']!r} runs through "
+                          f"zgcore.local.pipeline.train_pipeline")
+    memory = {m: measure_activation_memory(lm, first, m) for m in ONE_PROCESS}
     cols = [f"ce_b{j + 1}" for j in range(lm.k)] + [f"mtp_b{j + 1}" for j in range(lm.k)]
     loop = TrainLoop(name, [lm.block_params(j) for j in range(lm.k)], t, steps, work, run_hash, {"lm": lm}, cols, callbacks=callbacks)
     step_fn = STEPS[t["execution"]]
@@ -145,7 +148,7 @@ def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], dev
     report = (lambda s, n, v: progress(s, n, v) if (s - 1) % every == 0 or s == n else None) if progress else None
     lm.train()
     m = loop.run(batches, one_step, report)
-    sp = {mode: memory[mode]["saved_peak_bytes"] for mode in EXECUTIONS}
+    sp = {mode: memory[mode]["saved_peak_bytes"] for mode in ONE_PROCESS}
     return {"steps": steps, "tokens": steps * bsz * seq_len, "tokens_sha256": sha.hexdigest(), "seconds": m["seconds"],
             "data_seconds": m["data_seconds"], "compute_seconds": m["compute_seconds"], "resumed_from": m["resumed_from"],
             "first_loss": m["first"][: lm.k], "final_loss": m["final"][: lm.k], "memory": memory,
