@@ -126,7 +126,7 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         # the teacher's config and only the kept layers' weights, read lazily (safetensors)
         block = build_block(layer_source(rec), kept, self.train["init"], seed, device=resolve(self.device),
                             intermediate_size=self.train.get("intermediate_size"), channels=measured.get("channels"),
-                            kv_heads=self.train.get("kv_heads"))
+                            kv_heads=self.train.get("kv_heads"), **mixer_of(self.train))
         init_sd = {k: v.clone() for k, v in block.layer_state_dict().items()}  # training updates in place
         aux = ztrain.aux_active(self.train)  # local auxiliary terms: the teacher's head and the token ids
         tokens = head = None
@@ -155,6 +155,7 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
                                               "objective": self.train["objective"], "targets": self.train["targets"],
                                               "seed": seed, "keep": self.train["keep"], "intermediate_size": block.width,
                                               **({"kv_heads": block.kv_heads} if block.kv_heads is not None else {}),
+                                              **mixer_of(self.train),
                                               "influence": [measured["influence"][i] for i in range(start, end)]
                                               if measured else None, "peak_rss_mib": rss.stop()})
         self.drop_work()
@@ -225,6 +226,16 @@ class ScoreBlock(_TeacherTask):
         self.log(f"validation loss {m['val_loss']:.4f} over {m['sequences']} sequences")
 
 
+def mixer_of(t) -> dict:
+    """``{"mixer", "window"}`` of a converted block's train settings or metrics, ``{}`` for softmax
+    (whose metrics stay as they were)."""
+    from zgcore.models.mixers import WINDOWED, is_converted
+
+    if not is_converted(t):
+        return {}
+    return {"mixer": t["mixer"], **({"window": int(t["window"])} if t["mixer"] in WINDOWED else {})}
+
+
 def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
     """Rebuild the student blocks of ``blocks`` (finished TrainBlock tasks) from their
     ``<which>.safetensors`` (``block`` = trained, ``init`` = untrained), each file's bytes checked
@@ -239,7 +250,7 @@ def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
     for t in blocks:
         meta = json.loads(t.checked("metrics.json").read_text())
         b = build_block(model, meta["kept"], "random", 0, intermediate_size=meta.get("intermediate_size"),
-                        kv_heads=meta.get("kv_heads"))
+                        kv_heads=meta.get("kv_heads"), **mixer_of(meta))
         b.load_layer_state_dict(load_file(str(t.checked(f"{which}.safetensors"))))
         out.append(b)
     return out

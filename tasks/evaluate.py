@@ -8,7 +8,7 @@ import luigi
 
 from zgcore.data import corpus
 from zgcore.evaluation import heldout_score, metrics, plots, report as zreport
-from zgcore.models.adapters import assemble
+from zgcore.models.hetero import assemble_student
 from zgcore.atomic import write_json, write_text
 from zgcore.evaluation.flops import model_parameters
 from zgcore.evaluation.compare import SCORES, save_scores, scores_part, subset_digest
@@ -77,8 +77,9 @@ class Evaluate(_StudentTask):
         docs = corpus.read_documents(req["corpus"].out_dir / "tokens.h5", "val")
         docs = None if docs is None else docs[rows]
         model_dir = req["assemble"].out_dir / "model"
-        student = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
-        untrained = assemble(teacher, load_blocks(teacher, req["blocks"], "init"))
+        # trust_remote_code: a converted student's folder carries its modelling code (zgcore.models.hf_converted_llama)
+        student = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=True).to(self.device)
+        untrained = assemble_student(teacher, load_blocks(teacher, req["blocks"], "init"))
         models = (("teacher", teacher), ("untrained", untrained), ("student", student))
         ce, cu, per_seq = metrics.held_out(models, val, self.eval, self.progress)
         extra, extra_scores = heldout_score.score([(json.loads((t.out_dir / "meta.json").read_text()), read_held_out(t))

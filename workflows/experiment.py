@@ -123,10 +123,20 @@ def load_config(config: str = "", overrides: str = "", preset: str = "", seeded_
     info = describe(cfg["teacher"])
     zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"], info.mlp_width)
     check_kv_heads(cfg)
+    check_mixers(cfg, info.model_type)
     if int(cfg["heal"]["steps"]) and cfg.get("seeds") and not seeded_heal:
         raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0 "
                                   "(DistillStudy heals every seed's student)")
     return cfg
+
+
+def check_mixers(cfg: dict[str, Any], model_type: str) -> None:
+    """Check the blocks' ``mixer`` against the teacher's family: a converted mixer names the families
+    that can take it. Raises :class:`zgcore.config.experiment.ConfigError`."""
+    from zgcore.models.mixers import check_family
+
+    check_family({f"blocks.{i}.mixer" if "mixer" in cfg["blocks"].get(str(i), {}) else "train.mixer":
+                  zconfig.block_train_config(cfg, i)["mixer"] for i in range(int(cfg["boundary"]["num_blocks"]))}, model_type)
 
 
 def check_kv_heads(cfg: dict[str, Any]) -> None:

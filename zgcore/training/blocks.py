@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from zgcore.atomic import atomic_path
 from zgcore.data.boundary_store import BoundaryReader
 from zgcore.device import autocast
+from zgcore.models.mixers import WINDOWED
 from zgcore.data.feed import block_batches, to_device
 from zgcore.data.order import data_order
 from zgcore.training.loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, load_checkpoint, lr_at  # noqa: F401 (re-exported)
@@ -55,6 +56,8 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
       (neither ``keep="importance"`` nor a narrower MLP: see :func:`zgcore.models.students.needs_measure`);
     * ``ce_weight`` when 0, ``mtp_weight`` and ``mtp_n`` when ``mtp_weight`` is 0 (a term of
       weight 0 is not computed), so experiments without local auxiliary terms keep their hashes.
+    * ``mixer`` when ``softmax`` (the teacher's attention: students without conversion keep their hashes) and
+      ``window`` unless the mixer is windowed (:data:`zgcore.models.mixers.WINDOWED`).
     * ``lrs`` and ``lr_rounds`` without an lr search (``lrs`` empty), so blocks without one keep
       their hashes; ``lr`` with one (the search chooses it).
 
@@ -75,6 +78,10 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
             out.pop("importance_sequences", None)
     if out.get("kv_heads") is None:
         out.pop("kv_heads", None)
+    if out.get("mixer", "softmax") == "softmax":
+        out.pop("mixer", None)
+    if out.get("mixer") not in WINDOWED:
+        out.pop("window", None)
     if out.get("lrs"):
         out.pop("lr", None)
     else:
