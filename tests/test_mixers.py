@@ -1,0 +1,172 @@
+"""Converted students: token mixers other than the teacher's attention (train.mixer), their two forms,
+the exported folder that decodes in constant memory, the graph that reruns only what a mixer change
+touches, and the one-line errors of a configuration that asks for the impossible."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import tiny_cfg
+from zgcore.checks import ConfigError
+from zgcore.config.defaults import CHOICES, DEFAULTS
+from zgcore.models.hf_converted_llama import (MIXERS, ZGConvertedLlamaConfig, ZGConvertedLlamaForCausalLM,
+                                              ZGRecurrentCache)
+from zgcore.models.teacher import tiny_config
+from zgcore.training.blocks import effective_train
+
+WINDOW = 8
+HYBRID = ["softmax", "linear_window", "none", "window"]
+
+
+def converted(mixers, seed=0, perturb=True):
+    """A tiny converted Llama; feature maps moved off the identity so the test sees them."""
+    base = tiny_config("llama")
+    keep = {k: v for k, v in base.to_dict().items() if k not in ("model_type", "architectures", "transformers_version")}
+    torch.manual_seed(seed)
+    m = ZGConvertedLlamaForCausalLM(ZGConvertedLlamaConfig(**{**keep, "layer_mixers": mixers, "mixer_window": WINDOW}))
+    if perturb:
+        with torch.no_grad():
+            for p in m.parameters():
+                if p.dim() == 3:  # the feature maps [heads, d, d]
+                    p.add_(0.3 * torch.randn_like(p))
+    return m.float().eval()
+
+
+def test_the_mixer_choices_are_the_modelling_codes():
+    assert CHOICES["train.mixer"] == MIXERS and DEFAULTS["train"]["mixer"] == "softmax"
+
+
+@pytest.mark.parametrize("mixers", [[m] * 4 for m in MIXERS] + [HYBRID], ids=[*MIXERS, "hybrid"])
+def test_parallel_and_recurrent_forms_give_the_same_logits(mixers):
+    m = converted(mixers)
+    ids = torch.randint(0, 256, (2, 4 * WINDOW))
+    with torch.no_grad():
+        parallel = m(ids).logits
+        cache = ZGRecurrentCache(4)
+        one_by_one = torch.cat([m(ids[:, i:i + 1], cache=cache).logits for i in range(ids.shape[1])], 1)
+        cache = ZGRecurrentCache(4)  # a prompt prefilled in parallel, then decoded token by token
+        split = torch.cat([m(ids[:, :13], cache=cache).logits] +
+                          [m(ids[:, i:i + 1], cache=cache).logits for i in range(13, ids.shape[1])], 1)
+    assert cache.get_seq_length() == 4 * WINDOW
+    assert torch.allclose(parallel, one_by_one, atol=1e-4, rtol=0), (parallel - one_by_one).abs().max()
+    assert torch.allclose(parallel, split, atol=1e-4, rtol=0), (parallel - split).abs().max()
+
+
+def test_a_window_mixer_does_not_see_past_its_window():
+    m = converted(["window"] * 4)
+    ids = torch.randint(0, 256, (1, 5 * WINDOW))
+    other = ids.clone()
+    other[0, 0] = (ids[0, 0] + 1) % 256  # 4 layers reach back 4 * 7 = 28 < 39 tokens
+    with torch.no_grad():
+        a, b = m(ids).logits[0, -1], m(other).logits[0, -1]
+    assert torch.equal(a, b)
+    lin = converted(["linear"] * 4)
+    with torch.no_grad():
+        assert not torch.equal(lin(ids).logits[0, -1], lin(other).logits[0, -1])  # linear attention sees everything
+
+
+def test_softmax_keys_leave_the_hash_and_other_mixers_enter_it():
+    t = dict(DEFAULTS["train"])
+    before = {k: v for k, v in t.items() if k not in ("mixer", "window")}  # the settings before mixers existed
+    assert effective_train(t) == effective_train(before)
+    assert effective_train({**t, "window": 3}) == effective_train(before)  # a window a softmax block never reads
+    assert effective_train({**t, "mixer": "linear"})["mixer"] == "linear" and "window" not in effective_train({**t, "mixer": "linear"})
+    assert effective_train({**t, "mixer": "window", "window": 3})["window"] == 3
+
+
+def test_bad_mixer_settings_fail_at_graph_build_in_one_line():
+    from workflows.experiment import load_config
+
+    with pytest.raises(ConfigError, match=r"train.mixer='linear'.*'qwen3'.*families that can: llama") as e:
+        load_config("", tiny_cfg("tiny-qwen3", **{"train.mixer": "linear"}))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"blocks.1.mixer='none'.*'gpt2'"):
+        load_config("", tiny_cfg("tiny-gpt2", **{"blocks.1.mixer": "none"}))
+    with pytest.raises(ConfigError, match=r"train.window=32 is as long as the sequence \(corpus.seq_len=32\)") as e:
+        load_config("", tiny_cfg(**{"train.mixer": "linear_window", "train.window": 32}))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"train.mixer must be one of"):
+        load_config("", tiny_cfg(**{"train.mixer": "mamba"}))
+    load_config("", tiny_cfg(**{"train.mixer": "linear", "train.window": 32}))  # linear reads no window
+
+
+def test_a_converted_block_starts_from_the_teachers_projections(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from zgcore.models.adapters import build_block
+    from zgcore.models.teacher import build_tiny
+
+    teacher = AutoModelForCausalLM.from_pretrained(build_tiny("llama", tmp_path / "t"), dtype=torch.float32)
+    soft = build_block(teacher, [1], "teacher", 0)
+    lin = build_block(teacher, [1], "teacher", 0, mixer="linear")
+    none = build_block(teacher, [1], "teacher", 0, mixer="none")
+    sd, lsd = soft.layer_state_dict(), lin.layer_state_dict()
+    assert all(torch.equal(sd[k], lsd[k]) for k in sd)
+    eye = torch.eye(8).expand(4, 8, 8)
+    assert torch.equal(lsd["layers.0.self_attn.feature_q"], eye) and set(lsd) - set(sd) == {
+        "layers.0.self_attn.feature_q", "layers.0.self_attn.feature_k"}
+    assert not any("self_attn" in k for k in none.layer_state_dict())
+    h = torch.randn(2, 16, 32)
+    window = build_block(teacher, [1], "teacher", 0, mixer="window", window=16)
+    with torch.no_grad():  # a window as long as the sequence is the teacher's attention
+        assert torch.allclose(window(h), soft(h), atol=1e-5)
+
+
+LOAD_ALONE = """
+import sys, json, torch
+from transformers import AutoModelForCausalLM
+assert not any("zgcore" in p for p in sys.path)
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+ids = torch.tensor([[1, 2, 3]])
+out = {}
+for n in (256, 2048):
+    g = m.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, return_dict_in_generate=True, pad_token_id=0)
+    cache = g.cache if getattr(g, "cache", None) is not None else g.past_key_values
+    out[n] = [int(g.sequences.shape[1]), cache.get_seq_length(), cache.nbytes()]
+    if n == 256:  # greedy decoding on the recurrent state = argmax of the parallel form
+        with torch.no_grad():
+            par = m(g.sequences[:, :-1]).logits.argmax(-1)[0, 2:]
+        out["greedy_matches"] = bool(torch.equal(par, g.sequences[0, 3:]))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("mixer", ["window", "linear", "linear_window", "softmax"])
+def test_the_exported_folder_loads_alone_and_decodes_in_constant_memory(mixer, tmp_path):
+    m = converted([mixer] * 3 + ["none"], perturb=False)
+    m.save_pretrained(tmp_path / "model")
+    assert (tmp_path / "model" / "hf_converted_llama.py").is_file()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", LOAD_ALONE, str(tmp_path / "model")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["256"][:2] == [259, 258] and out["2048"][:2] == [2051, 2050]  # every token went through the state
+    assert out["greedy_matches"]
+    if mixer == "softmax":
+        assert out["2048"][2] > 7 * out["256"][2]
+    else:
+        assert out["2048"][2] == out["256"][2] > 0
+
+
+def test_changing_one_blocks_mixer_reruns_only_that_block_assembly_and_evaluation(tmp_path, run_graph):
+    from transformers import AutoModelForCausalLM
+
+    from workflows import RunExperiment
+
+    out = str(tmp_path / "out")
+    cfg = tiny_cfg(**{"train.mixer": "linear_window", "train.window": 8})
+    ok, ran = run_graph(RunExperiment(preset="", set=cfg, outputs=out))
+    assert ok and len(ran) == 11
+    ok, ran = run_graph(RunExperiment(preset="", set=cfg + " blocks.1.mixer=softmax", outputs=out))
+    assert ok
+    assert sorted(f for f, _ in ran if f != "RunExperiment") == ["Assemble", "Evaluate", "TrainBlock"]
+    assert [label for f, label in ran if f == "TrainBlock"] == ["block1-clean-cached-s0"]
+    report = max((tmp_path / "out").glob("Evaluate/*/report.json"), key=lambda p: p.stat().st_mtime_ns)
+    rep = json.loads(report.read_text())
+    assert [b.get("mixer", "softmax") for b in rep["blocks"]] == ["linear_window", "softmax"]
+    model = AutoModelForCausalLM.from_pretrained(rep["model_dir"], trust_remote_code=True)
+    assert model.config.layer_mixers == ["linear_window", "softmax"] and model.config.mixer_window == 8
