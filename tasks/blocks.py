@@ -140,8 +140,15 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
                                                      int(self.boundary["batch_size"]))
         else:
             source = boundary_store.BoundaryReader(self.requires()["cache"].out_dir)
+        transfer = None
+        if self.train["objective"] == "attention_transfer":  # the partition's own teacher layers, read lazily
+            from zgcore.training.transfer import AttentionTargets, transfer_loss
+
+            targets = AttentionTargets(build_block(layer_source(rec), list(range(start, end)), "teacher", 0,
+                                                   device=resolve(self.device)), start, kept)
+            transfer = lambda x: transfer_loss(block, targets, x)  # noqa: E731
         with source:
-            m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
+            m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid, transfer=transfer,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
                                    name=self.title(),
                                    head=(lambda h: head_logits(head, h)) if aux else None, tokens=tokens,

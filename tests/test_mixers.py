@@ -170,3 +170,40 @@ def test_changing_one_blocks_mixer_reruns_only_that_block_assembly_and_evaluatio
     assert [b.get("mixer", "softmax") for b in rep["blocks"]] == ["linear_window", "softmax"]
     model = AutoModelForCausalLM.from_pretrained(rep["model_dir"], trust_remote_code=True)
     assert model.config.layer_mixers == ["linear_window", "softmax"] and model.config.mixer_window == 8
+
+
+def test_attention_transfer_targets_are_the_same_cached_and_online_and_read_only_the_partition(tmp_path, run_graph,
+                                                                                             monkeypatch):
+    from pathlib import Path
+
+    import zgcore.models.teacher_weights as tw
+    from workflows import RunExperiment
+
+    read = []
+    real = tw.LazyLayers.layer_weights
+    monkeypatch.setattr(tw.LazyLayers, "layer_weights", lambda self, i: read.append(i) or real(self, i))
+    over = {"train.mixer": "linear_window", "train.window": 8, "train.objective": "attention_transfer",
+            "train.transfer_steps": 3, "train.prefetch": 0}
+    for targets in ("cached", "online"):
+        ok, ran = run_graph(RunExperiment(preset="", outputs=str(tmp_path), set=tiny_cfg(**over, **{"train.targets": targets})))
+        assert ok
+    files = {p.parent.name.split("-")[0] + "-" + p.parent.name.split("-")[2]: p.read_bytes()
+             for p in Path(tmp_path).glob("TrainBlock/*/block.safetensors")}
+    assert sorted(files) == ["block0-cached", "block0-online", "block1-cached", "block1-online"]
+    assert files["block0-cached"] == files["block0-online"] and files["block1-cached"] == files["block1-online"]
+    # each block read its kept layer and its partition's two teacher layers, nothing else (per mode)
+    assert sorted(read) == sorted([0, 0, 1, 2, 2, 3] * 2)
+    log = (next(Path(tmp_path).glob("TrainBlock/block1-*cached*/loss_log.csv"))).read_text().splitlines()
+    losses = [float(r.split(",")[1]) for r in log[1:]]
+    assert max(losses[:3]) < min(losses[3:]) / 100  # transfer MSE first, then the (larger) boundary regression
+
+
+def test_attention_transfer_with_nothing_to_transfer_fails_in_one_line():
+    from workflows.experiment import load_config
+
+    for mixer in ("softmax", "none"):
+        with pytest.raises(ConfigError, match=rf"attention_transfer with train.mixer={mixer}: there is nothing to transfer"):
+            load_config("", tiny_cfg(**{"train.objective": "attention_transfer", "train.mixer": mixer}))
+    t = dict(DEFAULTS["train"])
+    assert "transfer_steps" not in effective_train(t)
+    assert effective_train({**t, "objective": "attention_transfer", "mixer": "linear"})["transfer_steps"] == 50

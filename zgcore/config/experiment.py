@@ -274,6 +274,10 @@ def validate_train(t: Mapping[str, Any], where: str, block: int | None = None,
             _positive_int(n(k), t[k])
     _positive_int(n("importance_sequences"), t["importance_sequences"])
     _positive_int(n("window"), t["window"])
+    _positive_int(n("transfer_steps"), t["transfer_steps"])
+    if t["objective"] == "attention_transfer" and t["mixer"] in ("softmax", "none"):
+        raise ConfigError(f"{n('objective')}=attention_transfer with {n('mixer')}={t['mixer']}: there is nothing to transfer "
+                          "(the mixer is the teacher's attention, or has none); set mixer to window, linear or linear_window")
     if not (0 < float(t["keep_fraction"]) <= 1):
         raise ConfigError(f"{n('keep_fraction')} must be in (0, 1], got {t['keep_fraction']!r}")
     for k in [k for k in ("ce_weight", "mtp_weight") if isinstance(t[k], bool) or not isinstance(t[k], (int, float)) or not 0 <= t[k] < float("inf")]:

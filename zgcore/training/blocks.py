@@ -101,7 +101,8 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
                 seed: int, work: Path, run_hash: str,
                 progress: Callable[[int, int, float], None] | None = None, name: str | None = None,
                 head: Callable[[torch.Tensor], torch.Tensor] | None = None, tokens: np.ndarray | None = None,
-                callbacks: Sequence[Callable[[StepInfo], None]] = ()) -> dict[str, Any]:
+                callbacks: Sequence[Callable[[StepInfo], None]] = (),
+                transfer: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
     """Train ``block`` to map boundary ``b_in`` to boundary ``b_out`` under objective ``t["objective"]``.
 
     The loss is :func:`~zgcore.training.objectives.regression_loss` with ``t["loss_norm"]``; its channel
@@ -132,6 +133,8 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
         tokens: the train split's token ids ``[n_train, T]`` int64, in the store's sequence order
             (``tokens[i]`` produced boundary sequence ``i``); needed by the auxiliary terms.
         callbacks: :class:`~zgcore.training.loop.TrainLoop` callbacks (e.g. :class:`zgcore.training.watch.TensorBoardWatch`).
+        transfer: objective ``attention_transfer``: the block's input ``[B, T, H]`` -> its attention-transfer
+            loss (:func:`zgcore.training.transfer.transfer_loss`), the loss of the first ``t["transfer_steps"]`` steps.
 
     Returns:
         Metrics: ``steps``, ``first_loss``, ``final_loss`` (mean of the last 10% of steps),
@@ -142,9 +145,13 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
         NonFiniteError: a non-finite loss or gradient norm (the last checkpoint stays in ``work``).
         BoundaryStoreError: a damaged shard (also when the prefetching worker read it: the same
             error and message, raised at the step that needs the batch).
-        ValueError: auxiliary terms without ``head`` and ``tokens``, or ``tokens`` of another length than the store.
+        ValueError: auxiliary terms without ``head`` and ``tokens``, or ``tokens`` of another length than the store;
+            ``attention_transfer`` without ``transfer``.
     """
     active = aux_active(t)
+    transfer_steps = int(t.get("transfer_steps") or 0) if t["objective"] == "attention_transfer" else 0
+    if transfer_steps and transfer is None:
+        raise ValueError("objective attention_transfer needs the teacher partition's attention (transfer=...)")
     if active and (head is None or tokens is None or len(tokens) != reader.n("train")):
         raise ValueError(f"train.ce_weight / train.mtp_weight need the teacher's head and the {reader.n('train')} train "
                          f"token sequences, got head={head is not None}, tokens={None if tokens is None else len(tokens)}")
@@ -187,6 +194,10 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
 
     def step_fn(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], step: int) -> list[torch.Tensor]:
         inp, target, ids = batch
+        if step < transfer_steps:  # attention transfer first (its loss only), then clean regression
+            with autocast(device):
+                loss = transfer(inp)
+            return loop.step_on(step, loss, [loss.detach()] + [torch.zeros_like(loss)] * len(active) if active else [])
         with autocast(device):
             pred = block(inp)
         loss = regression_loss(pred.float(), target, t["loss_norm"], target_scale)
