@@ -73,7 +73,8 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
 
     def label(self):
         lr = "-lrs" if self.train.get("lrs") else f"-lr{float(self.train['lr']):g}" if self.candidate else ""
-        return f"block{self.block}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}{lr}"
+        mixer = f"-{self.train['mixer']}" if self.train.get("mixer", "softmax") != "softmax" else ""  # a converted block
+        return f"block{self.block}{mixer}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}{lr}"
 
     # -- the lr search (train.lrs)
     def candidate_task(self, lr: float) -> "TrainBlock":

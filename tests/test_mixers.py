@@ -207,3 +207,39 @@ def test_attention_transfer_with_nothing_to_transfer_fails_in_one_line():
     t = dict(DEFAULTS["train"])
     assert "transfer_steps" not in effective_train(t)
     assert effective_train({**t, "objective": "attention_transfer", "mixer": "linear"})["transfer_steps"] == 50
+
+
+def test_a_decode_memory_budget_chooses_which_partitions_keep_softmax(tmp_path):
+    import luigi
+    from transformers import AutoModelForCausalLM
+
+    from workflows import load_config
+    from workflows.library import build_library, library_plan
+
+    over = ("library.variants=[{mixer: softmax}, {mixer: linear_window}] library.budgets=[0.03, 0.6] "
+            "library.budget_unit=kv_bytes library.context=1024 train.window=8")
+    cfg = load_config("", over, "library_tiny")
+    plan = library_plan(cfg)
+    # per layer at 1024 tokens, 16-bit: softmax 2 x 2 kv heads x 8 x 1024 x 2 B; linear_window a ring of 8 plus 4 heads' 16x8 state
+    soft, conv = (2 * 2 * 8 * 1024 * 2) * 2, (2 * 2 * 8 * 8 + 4 * (2 * 8 * 8 + 2 * 8)) * 2 * 2
+    assert [[c["cost"]["kv_bytes"] for c in p] for p in plan["candidates"]] == [[soft, conv], [soft, conv]]
+    assert plan["candidates"][0][1]["name"].endswith("linear_window") and plan["teacher_cost"]["kv_bytes"] == 2 * soft
+    task = build_library(cfg, str(tmp_path))
+    assert luigi.build([task], local_scheduler=True, workers=1, log_level="WARNING")
+    rep = json.loads((task.out_dir / "report.json").read_text())
+    low, mid = rep["selections"]
+    assert low["indices"] == [1, 1] and sorted(mid["indices"]) == [0, 1]  # under 0.6 x the teacher's: one keeps softmax
+    model = AutoModelForCausalLM.from_pretrained(mid["model"], trust_remote_code=True)
+    keeps = mid["indices"].index(0)
+    assert model.config.layer_mixers == [["softmax", "linear_window"][v] for v in mid["indices"] for _ in range(2)]
+    assert model.config.layer_mixers[2 * keeps] == "softmax"
+
+
+def test_library_mixer_variants_fail_at_graph_build_for_a_family_that_cannot_take_them():
+    from workflows import load_config
+    from workflows.library import library_plan
+
+    with pytest.raises(ConfigError, match=r"library.variants\[1\] \(partition 0\).mixer='linear'.*families that can: llama"):
+        library_plan(load_config("", "teacher=tiny-qwen3 library.variants=[{n_layers: 1}, {mixer: linear}]", "library_tiny"))
+    with pytest.raises(ConfigError, match=r"library.variants\[0\].mixer must be one of"):
+        load_config("", "library.variants=[{mixer: mamba}]", "library_tiny")

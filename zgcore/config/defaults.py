@@ -131,6 +131,9 @@ DEFAULTS: dict[str, Any] = {
         "blocks": {},  # per-partition lists replacing library.variants there: library.blocks.<i>.variants
         "budgets": [],  # one student per budget: an amount of budget_unit, or a share of the teacher's when <= 1
         "budget_unit": "params",  # params (non-embedding) | flops (per token at corpus.seq_len) | kv_bytes (per token)
+        # kv_bytes counted as one sequence's decode state at this many tokens (softmax caches grow, window and linear
+        # mixers' stop: a variant's mixer then answers which partitions keep softmax); 0 = per token. Hashed when > 0
+        "context": 0,
     },
     "distill": DISTILL_DEFAULTS,  # DistillStudy's end-to-end arm
     "eval": {
