@@ -83,8 +83,20 @@ class ObjectiveStudy(RunExperiment):
         return build_study(self.cfg, self.outputs)
 
 
+class ConvertStudy(RunExperiment):
+    """The conversion method question: block-boundary regression alone (``clean``) against attention
+    transfer then regression (``attention_transfer``), at matched steps, cached targets, every seed,
+    one comparison report (run-level verdict over ``seeds``). Default preset ``convert_study``
+    (docs/conversion.md). Source: LoLCATs (arXiv:2410.10254), attention transfer."""
+
+    preset = luigi.Parameter(default="convert_study", description="preset in workflows/presets")
+
+    def requires(self):
+        return build_study(self.cfg, self.outputs, ("clean", "attention_transfer"), ("cached",))
+
+
 from .distill import DistillStudy  # noqa: E402 (subclasses RunExperiment)
 from .library import SelectStudent  # noqa: E402 (subclasses RunExperiment)
 
-__all__ = ["RunExperiment", "PrepareInputs", "ObjectiveStudy", "LocalLearningStudy", "DistillStudy", "SelectStudent", "build_experiment",
+__all__ = ["RunExperiment", "PrepareInputs", "ObjectiveStudy", "ConvertStudy", "LocalLearningStudy", "DistillStudy", "SelectStudent", "build_experiment",
            "build_study", "load_config", "CONFIG_ERROR_EXIT", "RETCODES"]

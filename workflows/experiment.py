@@ -201,11 +201,13 @@ def build_experiment(cfg: dict[str, Any], outputs: str = "outputs") -> ZGTask:
                        **_common(cfg, outputs))
 
 
-def build_study(cfg: dict[str, Any], outputs: str = "outputs") -> ObjectiveStudyReport:
-    """The objective study: {clean, noisy, denoise} x {cached, online} arms for every seed."""
+def build_study(cfg: dict[str, Any], outputs: str = "outputs", objectives: tuple[str, ...] = STUDY_OBJECTIVES,
+                targets: tuple[str, ...] = STUDY_TARGETS) -> ObjectiveStudyReport:
+    """The objective study: {clean, noisy, denoise} x {cached, online} arms for every seed (or the
+    given ``objectives`` x ``targets``, e.g. the conversion study's clean vs attention_transfer)."""
     arms = []
-    for obj in STUDY_OBJECTIVES:
-        for tg in STUDY_TARGETS:
+    for obj in objectives:
+        for tg in targets:
             for s in cfg.get("seeds") or [None]:
                 blocks = block_settings(cfg, s, objective=obj, targets=tg)
                 arms.append({"objective": obj, "targets": tg, "seed": blocks[0]["seed"], "blocks": blocks})
