@@ -89,8 +89,9 @@ DEFAULTS: dict[str, Any] = {
         # feature map; linear_window = softmax inside the window, linear beyond it, one normaliser (LoLCATs); none = no
         # attention sub-layer. Each starts from the teacher's q/k/v/o and rotary positions; not hashed when softmax
         "mixer": "softmax",
-        "window": 64,
-        "transfer_steps": 50,  # objective attention_transfer: steps of per-layer attention-output matching before clean regression  # tokens a window / linear_window mixer attends to with softmax (the current one included); hashed only for those
+        "window": 64,  # tokens a window / linear_window mixer attends to with softmax (the current one included); hashed only for those
+        # objective attention_transfer: steps of per-layer attention-output matching before clean regression (the rest)
+        "transfer_steps": 50,
         "lr": 2e-3,  # AdamW peak; block-1 sweep on SmolLM2: 2e-4 < 5e-4 < 1e-3 < 2e-3 in recovered CE
         # lr search per block (zgcore.training.lr_search), scored on the block's validation loss over the validation
         # sequences outside the test subset (needs eval.max_sequences below the split's size)
