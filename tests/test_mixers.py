@@ -187,7 +187,7 @@ def test_attention_transfer_targets_are_the_same_cached_and_online_and_read_only
     for targets in ("cached", "online"):
         ok, ran = run_graph(RunExperiment(preset="", outputs=str(tmp_path), set=tiny_cfg(**over, **{"train.targets": targets})))
         assert ok
-    files = {p.parent.name.split("-")[0] + "-" + p.parent.name.split("-")[2]: p.read_bytes()
+    files = {p.parent.name.split("-")[0] + "-" + p.parent.name.split("-")[3]: p.read_bytes()
              for p in Path(tmp_path).glob("TrainBlock/*/block.safetensors")}
     assert sorted(files) == ["block0-cached", "block0-online", "block1-cached", "block1-online"]
     assert files["block0-cached"] == files["block0-online"] and files["block1-cached"] == files["block1-online"]
