@@ -13,7 +13,8 @@ on a state of fixed size), and both give the same outputs up to float rounding:
   arXiv:2402.04347): ``phi(x) = [softmax(x W), softmax(-x W)]`` over ``2 * head_dim`` features;
   state = ``S = sum_j phi_k(k_j) v_j^T`` ``[heads, 2d, d]`` and ``z = sum_j phi_k(k_j)`` ``[heads, 2d]``.
 * ``linear_window``: LoLCATs' hybrid (Zhang et al. 2024, "LoLCATs", arXiv:2410.10254): ``exp`` scores
-  inside the window, ``phi_q.phi_k`` beyond it, one normaliser over both; the ``exp`` scores are
+  inside the window weighted ``f``, ``phi_q.phi_k`` beyond it weighted ``1 - f``, one normaliser over
+  both (``f = sigmoid(window_factor)``, a learned factor per head); the ``exp`` scores are
   stabilised by the maximum score inside the window, as LoLCATs does; state = the ring plus ``S, z``
   of the tokens that have left the window.
 * ``none``: no attention sub-layer (Puzzle's no-op; Bercovich et al. 2024, arXiv:2411.19146).
@@ -38,6 +39,9 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, apply_ro
 MIXERS = ("softmax", "window", "linear", "linear_window", "none")
 WINDOWED = ("window", "linear_window")  # mixers that read the window
 FEATURED = ("linear", "linear_window")  # mixers with a learned feature map
+# linear_window's window factor starts at sigmoid(4) = 0.982 on the softmax terms, 0.018 on the linear ones:
+# the student starts near the window-only student, which is closer to the teacher than an even mix
+WINDOW_FACTOR_INIT = 4.0
 
 
 def hedgehog(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -110,6 +114,11 @@ class ZGMixer(nn.Module):
             eye = torch.eye(self.head_dim).expand(self.heads, -1, -1).clone()
             self.feature_q = nn.Parameter(eye)
             self.feature_k = nn.Parameter(eye.clone())
+        if mixer == "linear_window":  # LoLCATs' window factor per head: sigmoid weight of the softmax terms
+            self.window_factor = nn.Parameter(torch.full((self.heads,), float(WINDOW_FACTOR_INIT)))
+
+    def _factor(self) -> torch.Tensor:
+        return torch.sigmoid(self.window_factor).view(1, -1, 1, 1)
 
     # -- pieces shared by both forms
     def _rep(self, x: torch.Tensor) -> torch.Tensor:
@@ -163,7 +172,8 @@ class ZGMixer(nn.Module):
             a = lin * causal
         else:
             s = (q @ self._rep(k).transpose(-1, -2) * self.scaling).masked_fill(~inside, float("-inf"))
-            a = torch.exp(s - s.amax(-1, keepdim=True)) + lin * (causal & ~inside)
+            f = self._factor()
+            a = f * torch.exp(s - s.amax(-1, keepdim=True)) + (1 - f) * lin * (causal & ~inside)
         return (a @ self._rep(v)) / a.sum(-1, keepdim=True)
 
     def prefill(self, state: MixerState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -209,8 +219,8 @@ class ZGMixer(nn.Module):
         if self.mixer == "window":
             return torch.softmax(s, -1) @ vals
         a = torch.exp(s - s.amax(-1, keepdim=True))
-        fq = self._phi_q(q)
-        return (a @ vals + fq @ state.s) / (a.sum(-1, keepdim=True) + fq @ state.z.unsqueeze(-1))
+        fq, f = self._phi_q(q), self._factor()
+        return (f * (a @ vals) + (1 - f) * (fq @ state.s)) / (f * a.sum(-1, keepdim=True) + (1 - f) * (fq @ state.z.unsqueeze(-1)))
 
 
 class ZGConvertedLlamaConfig(LlamaConfig):

@@ -47,8 +47,9 @@ def convert_layer(layer: nn.Module, config, mixer: str, window: int, layer_idx: 
 
 
 def own_keys(layer_state: Mapping[str, Any]) -> set[str]:
-    """The keys of a converted layer's state dict that no teacher layer has (the feature maps)."""
-    return {k for k in layer_state if k.rsplit(".", 1)[-1] in ("feature_q", "feature_k")}
+    """The keys of a converted layer's state dict that no teacher layer has (the feature maps and
+    linear_window's window factor)."""
+    return {k for k in layer_state if k.rsplit(".", 1)[-1] in ("feature_q", "feature_k", "window_factor")}
 
 
 def is_converted(t: Mapping[str, Any]) -> bool:
