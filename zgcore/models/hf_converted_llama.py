@@ -133,6 +133,10 @@ class ZGMixer(nn.Module):
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None,
                 past_key_values=None, **kwargs):
+        """``hidden_states`` ``[B, T, hidden]`` (normalised layer input), ``position_embeddings`` the
+        rotary ``(cos, sin)`` of its positions -> ``(output [B, T, hidden], None)``; the causal mask is
+        the mixer's own (``attention_mask`` is not read). With a :class:`ZGRecurrentCache` the
+        recurrent form runs (an empty state is prefilled in parallel)."""
         cache = cache if cache is not None else past_key_values
         if self.mixer == "none":
             if isinstance(cache, ZGRecurrentCache):
@@ -276,6 +280,7 @@ class ZGConvertedLlamaForCausalLM(LlamaForCausalLM):
         return False  # the model makes its own recurrent state
 
     def prepare_inputs_for_generation(self, input_ids, cache=None, past_key_values=None, **kwargs):
+        """The tokens the state has not consumed yet, and the state (a new one on the first step)."""
         cache = cache if cache is not None else past_key_values
         if cache is None:
             cache = ZGRecurrentCache(self.config.num_hidden_layers)
@@ -283,6 +288,9 @@ class ZGConvertedLlamaForCausalLM(LlamaForCausalLM):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep=0, past_key_values=None, **kwargs):
+        """Logits ``[B, T, vocab]`` of ``input_ids`` ``[B, T]`` (positions continue the cache's);
+        ``loss`` with ``labels``; ``cache``: the :class:`ZGRecurrentCache` after these tokens (when
+        one was given or ``use_cache``). Raises ``ValueError`` for a padding mask."""
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("a converted student takes unpadded sequences only (attention_mask has zeros)")
         cache = cache if cache is not None else past_key_values
