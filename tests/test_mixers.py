@@ -240,11 +240,15 @@ def test_a_decode_memory_budget_chooses_which_partitions_keep_softmax(tmp_path):
     assert luigi.build([task], local_scheduler=True, workers=1, log_level="WARNING")
     rep = json.loads((task.out_dir / "report.json").read_text())
     low, mid = rep["selections"]
-    assert low["indices"] == [1, 1] and sorted(mid["indices"]) == [0, 1]  # under 0.6 x the teacher's: one keeps softmax
+    assert low["indices"] == [1, 1]  # 3% of the teacher's cache: nothing keeps softmax
+    # 60%: softmax at both partitions does not fit, at one it does; the choice is the feasible pair of least
+    # summed in-context CE increase (on a random teacher either answer can win: the rule is what is checked)
+    cand = {(c["partition"], c["variant"]): c for c in rep["candidates"]}
+    feasible = [ix for ix in ([0, 0], [0, 1], [1, 0], [1, 1]) if sum(cand[(i, v)]["kv_bytes"] for i, v in enumerate(ix)) <= mid["budget"]]
+    assert feasible == [[0, 1], [1, 0], [1, 1]]
+    assert mid["indices"] == min(feasible, key=lambda ix: sum(cand[(i, v)]["ce_increase"] for i, v in enumerate(ix)))
     model = AutoModelForCausalLM.from_pretrained(mid["model"], trust_remote_code=True)
-    keeps = mid["indices"].index(0)
     assert model.config.layer_mixers == [["softmax", "linear_window"][v] for v in mid["indices"] for _ in range(2)]
-    assert model.config.layer_mixers[2 * keeps] == "softmax"
 
 
 def test_library_mixer_variants_fail_at_graph_build_for_a_family_that_cannot_take_them():
