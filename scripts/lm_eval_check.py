@@ -2,6 +2,7 @@
 
     pip install lm-eval==0.4.13          # not a dependency of ZeroGraph: only this check needs it
     python scripts/lm_eval_check.py
+    python scripts/lm_eval_check.py --converted   # a converted student (window, linear_window, none mixers)
 
 Builds a tiny random Llama teacher and a heterogeneous student from it (partitions with their own
 MLP widths and key-value heads, as a library selection assembles: ``zgcore.models.hetero``), saves
@@ -10,7 +11,9 @@ Hugging Face wrapper (``lm_eval.models.huggingface.HFLM``, what ``lm_eval --mode
 pretrained=<folder>,trust_remote_code=True`` builds) and asks it for ``loglikelihood`` and
 ``loglikelihood_rolling`` of a few requests. Each answer is compared with the same sum of
 log-probabilities (nats) computed from the folder's own logits. No benchmark dataset is
-downloaded (the Hub is not reachable here): the requests are written below.
+downloaded (the Hub is not reachable here): the requests are written below. With ``--converted``
+the folder is a converted student instead (``zgcore.models.hf_converted_llama``: layers whose token
+mixers are softmax, window, linear_window and none), scored the same way.
 
 Exit status 0 when every answer matches to 1e-4 nats, 1 otherwise; the last line says which.
 """
@@ -28,8 +31,9 @@ REQUESTS = [("The quick brown fox", " jumps over the lazy dog"), ("def f(x):\n",
             ("Blockwise training ", "composes"), ("", "a")]
 
 
-def build_folder(root: Path) -> Path:
-    """A heterogeneous student folder from a tiny random Llama teacher (byte tokenizer)."""
+def build_folder(root: Path, converted: bool = False) -> Path:
+    """A heterogeneous (or, ``converted``, a converted) student folder from a tiny random Llama
+    teacher (byte tokenizer)."""
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
@@ -41,9 +45,14 @@ def build_folder(root: Path) -> Path:
     torch.manual_seed(0)
     teacher = AutoModelForCausalLM.from_pretrained(build_tiny("llama", root / "teacher"), dtype=torch.float32).eval()
     channels = [list(np.arange(64, dtype=float)[::-1]) for _ in range(4)]
-    blocks = [build_block(teacher, [0], "teacher", 0, intermediate_size=24, channels=channels),
-              build_block(teacher, [1, 2], "teacher", 0, kv_heads=1),
-              build_block(teacher, [3], "random", 1, intermediate_size=40, kv_heads=1)]
+    if converted:
+        blocks = [build_block(teacher, [0], "teacher", 0, mixer="linear_window", window=4),
+                  build_block(teacher, [1, 2], "teacher", 0, mixer="window", window=4),
+                  build_block(teacher, [3], "teacher", 0, mixer="none")]
+    else:
+        blocks = [build_block(teacher, [0], "teacher", 0, intermediate_size=24, channels=channels),
+                  build_block(teacher, [1, 2], "teacher", 0, kv_heads=1),
+                  build_block(teacher, [3], "random", 1, intermediate_size=40, kv_heads=1)]
     save_student(assemble_exact(teacher, blocks), byte_tokenizer(), root / "student")
     return root / "student"
 
@@ -74,7 +83,8 @@ def main() -> int:
 
     root = Path(tempfile.mkdtemp(prefix="lm_eval_check-"))
     try:
-        folder = build_folder(root)
+        converted = "--converted" in sys.argv[1:]
+        folder = build_folder(root, converted)
         lm = HFLM(pretrained=str(folder), trust_remote_code=True, dtype="float32", device="cpu", batch_size=1)
         print(f"lm-eval {version('lm-eval')} loaded {type(lm.model).__name__} from {folder}")
         got = [ll for ll, _ in lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(REQUESTS)])]
@@ -89,7 +99,7 @@ def main() -> int:
             worst = max(worst, abs(g - w), abs(gr - wr))
             print(f"  {c + x!r:48} loglikelihood {g:10.4f} (own {w:10.4f})  rolling {gr:10.4f} (own {wr:10.4f})")
         ok = worst <= 1e-4
-        print(f"lm-eval-harness scores the heterogeneous folder {'as' if ok else 'NOT as'} its own logits do: "
+        print(f"lm-eval-harness scores the {'converted' if converted else 'heterogeneous'} folder {'as' if ok else 'NOT as'} its own logits do: "
               f"largest difference {worst:.2e} nats")
         return 0 if ok else 1
     finally:

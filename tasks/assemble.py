@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import luigi
 
-from zgcore.models.adapters import assemble
+from zgcore.models.hetero import assemble_student, save_student
 
 from .base import HIDDEN
 from .blocks import TrainBlock, load_blocks
@@ -29,7 +29,8 @@ class _StudentTask(_TeacherTask):
 
 class Assemble(_StudentTask):
     """Stitch the teacher's embedding, the trained blocks in order, and the teacher's final norm and
-    LM head into one Hugging Face model folder (config, safetensors, tokenizer)."""
+    LM head into one Hugging Face model folder (config, safetensors, tokenizer; a converted student's
+    folder also carries its modelling code: :mod:`zgcore.models.hf_converted_llama`)."""
 
     def requires(self):
         return {"teacher": self.teacher_task(), "blocks": self.block_tasks()}
@@ -42,8 +43,7 @@ class Assemble(_StudentTask):
 
     def run(self):
         rec, (model, tok) = self.load_teacher()
-        student = assemble(model, load_blocks(model, self.requires()["blocks"], "block"))
+        student = assemble_student(model, load_blocks(model, self.requires()["blocks"], "block"))
         with self.building() as tmp:
-            student.save_pretrained(tmp / "model")
-            tok.save_pretrained(tmp / "model")
+            save_student(student, tok, tmp / "model")
         self.log(f"saved {self.out_dir / 'model'}")

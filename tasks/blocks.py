@@ -74,7 +74,8 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
 
     def label(self):
         lr = "-lrs" if self.train.get("lrs") else f"-lr{float(self.train['lr']):g}" if self.candidate else ""
-        return f"block{self.block}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}{lr}"
+        mixer = f"-{self.train['mixer']}" if self.train.get("mixer", "softmax") != "softmax" else ""  # a converted block
+        return f"block{self.block}{mixer}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}{lr}"
 
     # -- the lr search (train.lrs)
     def candidate_task(self, lr: float) -> "TrainBlock":
@@ -127,7 +128,7 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         # the teacher's config and only the kept layers' weights, read lazily (safetensors)
         block = build_block(layer_source(rec), kept, self.train["init"], seed, device=resolve(self.device),
                             intermediate_size=self.train.get("intermediate_size"), channels=measured.get("channels"),
-                            kv_heads=self.train.get("kv_heads"))
+                            kv_heads=self.train.get("kv_heads"), **mixer_of(self.train))
         init_sd = {k: v.clone() for k, v in block.layer_state_dict().items()}  # training updates in place
         aux = ztrain.aux_active(self.train)  # local auxiliary terms: the teacher's head and the token ids
         tokens = head = None
@@ -144,8 +145,15 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         seq_len, width = int(self.corpus["seq_len"]), block.body.config.hidden_size
         layer_params = [sum(p.numel() for p in layer.parameters()) for layer in block.layers]
         per_token = flops.block_train_flops(layer_params, width, seq_len, 1, 1) / seq_len  # training FLOPs per token
+        transfer = None
+        if self.train["objective"] == "attention_transfer":  # the partition's own teacher layers, read lazily
+            from zgcore.training.transfer import AttentionTargets, transfer_loss
+
+            targets = AttentionTargets(build_block(layer_source(rec), list(range(start, end)), "teacher", 0,
+                                                   device=resolve(self.device)), start, kept)
+            transfer = lambda x: transfer_loss(block, targets, x)  # noqa: E731
         with source:
-            m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid,
+            m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid, transfer=transfer,
                                    progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
                                    name=self.title(),
                                    head=(lambda h: head_logits(head, h)) if aux else None, tokens=tokens,
@@ -162,6 +170,7 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
                                               "objective": self.train["objective"], "targets": self.train["targets"],
                                               "seed": seed, "keep": self.train["keep"], "intermediate_size": block.width,
                                               **({"kv_heads": block.kv_heads} if block.kv_heads is not None else {}),
+                                              **mixer_of(self.train),
                                               "influence": [measured["influence"][i] for i in range(start, end)]
                                               if measured else None, "peak_rss_mib": rss.stop()})
         self.drop_work()
@@ -232,6 +241,16 @@ class ScoreBlock(_TeacherTask):
         self.log(f"validation loss {m['val_loss']:.4f} over {m['sequences']} sequences")
 
 
+def mixer_of(t) -> dict:
+    """``{"mixer", "window"}`` of a converted block's train settings or metrics, ``{}`` for softmax
+    (whose metrics stay as they were)."""
+    from zgcore.models.mixers import WINDOWED, is_converted
+
+    if not is_converted(t):
+        return {}
+    return {"mixer": t["mixer"], **({"window": int(t["window"])} if t["mixer"] in WINDOWED else {})}
+
+
 def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
     """Rebuild the student blocks of ``blocks`` (finished TrainBlock tasks) from their
     ``<which>.safetensors`` (``block`` = trained, ``init`` = untrained), each file's bytes checked
@@ -246,7 +265,7 @@ def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):
     for t in blocks:
         meta = json.loads(t.checked("metrics.json").read_text())
         b = build_block(model, meta["kept"], "random", 0, intermediate_size=meta.get("intermediate_size"),
-                        kv_heads=meta.get("kv_heads"))
+                        kv_heads=meta.get("kv_heads"), **mixer_of(meta))
         b.load_layer_state_dict(load_file(str(t.checked(f"{which}.safetensors"))))
         out.append(b)
     return out

@@ -152,5 +152,5 @@ class Heal(_DistillTask):
         path = self.requires()["assemble"].out_dir / "model"
         blocks = self.requires().get("blocks")
         pairs = interior_pairs([json.loads((t.out_dir / "metrics.json").read_text()) for t in blocks]) if blocks else []
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device), pairs, (
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=True).to(self.device), pairs, (
             {"pairs": pairs} if pairs else {})

@@ -61,6 +61,7 @@ class ScoreCandidate(_TeacherTask):
     block = luigi.IntParameter()
     train = luigi.DictParameter(visibility=HIDDEN, description="the candidate's resolved train settings")
     tune = luigi.DictParameter(visibility=HIDDEN, description="the test subset's settings {max_sequences, subset_seed}")
+    context = luigi.IntParameter(default=0, description="library.context: decode tokens at which kv_bytes are counted")
 
     def block_task(self) -> TrainBlock:
         return TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
@@ -76,7 +77,7 @@ class ScoreCandidate(_TeacherTask):
         return req
 
     def own_config(self):
-        return {"tune": dict(self.tune)}
+        return {"tune": dict(self.tune), **({"context": int(self.context)} if int(self.context) else {})}
 
     def label(self):
         return f"{self.block_task().label()}-context"
@@ -102,7 +103,8 @@ class ScoreCandidate(_TeacherTask):
         if not (math.isfinite(ce) and math.isfinite(ce_teacher)):
             raise ValueError(f"candidate {self.label()}: held-out CE is not finite ({ce}, teacher {ce_teacher})")
         width = meta.get("intermediate_size")
-        cost = costs.block_cost(teacher.config, meta["kept"], width, meta.get("kv_heads"), int(self.corpus["seq_len"]))
+        cost = costs.block_cost(teacher.config, meta["kept"], width, meta.get("kv_heads"), int(self.corpus["seq_len"]),
+                                meta.get("mixer", "softmax"), meta.get("window"), int(self.context))
         with self.building() as tmp:
             write_json(tmp / CANDIDATE, {"block": self.block, "start": start, "end": end, "kept": meta["kept"],
                                          "intermediate_size": width, "kv_heads": meta.get("kv_heads"),

@@ -42,20 +42,25 @@ class LibraryReport(ZGTask):
     unit = luigi.Parameter(default="params")
     teacher_cost = luigi.DictParameter(visibility=HIDDEN)
     name = luigi.Parameter(default="library", significant=False)
+    context = luigi.IntParameter(default=0, description="library.context: decode tokens at which kv_bytes are counted (0: per token)")
 
     def _kw(self):
         return dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs,
                     device=self.device)  # where the tasks below work (this one only aggregates)
 
+    def _ctx(self):
+        return {"context": int(self.context)} if int(self.context) else {}  # candidates' kv_bytes at library.context
+
     def tune(self):
         return {"max_sequences": int(self.eval["max_sequences"]), "subset_seed": int(self.eval["subset_seed"])}
 
     def score_tasks(self) -> list[list[ScoreCandidate]]:
-        return [[ScoreCandidate(block=i, train=c["train"], tune=self.tune(), study=self.name, **self._kw()) for c in part]
+        return [[ScoreCandidate(block=i, train=c["train"], tune=self.tune(), study=self.name, **self._kw(), **self._ctx())
+                 for c in part]
                 for i, part in enumerate(self.candidates)]
 
     def score_params(self) -> list[list[dict]]:
-        return [[dict(block=i, train=c["train"], tune=self.tune(), **self._kw()) for c in part]
+        return [[dict(block=i, train=c["train"], tune=self.tune(), **self._kw(), **self._ctx()) for c in part]
                 for i, part in enumerate(self.candidates)]
 
     def student(self, indices) -> ScoreStudent:

@@ -40,6 +40,7 @@ SCORES = "scores.json"
 METRICS = "metrics.json"
 # the train settings that decide a block's untrained student (its shape and initial weights)
 INIT_KEYS = ("n_layers", "keep_fraction", "keep", "importance_sequences", "intermediate_size", "kv_heads", "init", "seed")
+# and, for a converted block only (tasks.blocks.mixer_of), its token mixer and window
 
 
 def score_settings(eval_cfg: Mapping[str, Any], context: bool) -> dict[str, Any]:
@@ -59,8 +60,10 @@ def init_settings(train: Mapping[str, Any]) -> dict[str, Any]:
     settings (:func:`zgcore.training.blocks.effective_train`): what its untrained student is."""
     from zgcore.training.blocks import effective_train
 
+    from .blocks import mixer_of
+
     t = effective_train(canonical(train))
-    return {k: t[k] for k in INIT_KEYS if k in t}
+    return {**{k: t[k] for k in INIT_KEYS if k in t}, **mixer_of(t)}
 
 
 class _Score(_TeacherTask):
@@ -194,11 +197,13 @@ class ScoreUntrained(_Score):
     def load_model(self):
         from zgcore.device import resolve
         from zgcore.models import students
-        from zgcore.models.adapters import assemble, build_block
+        from zgcore.models.adapters import build_block
+        from zgcore.models.hetero import assemble_student
         from zgcore.models.shapes import kept_layers, resolve_boundaries
         from zgcore.models.teacher_weights import layer_source
         from zgcore.training.blocks import block_seed
 
+        from .blocks import mixer_of
         from .students import layer_importance
         from .teacher import teacher_record
 
@@ -211,5 +216,5 @@ class ScoreUntrained(_Score):
             kept = kept_layers(bs[i], bs[i + 1], t, measured.get("influence"))
             blocks.append(build_block(source, kept, t["init"], block_seed(int(t["seed"]), i), device=resolve(self.device),
                                       intermediate_size=t.get("intermediate_size"), channels=measured.get("channels"),
-                                      kv_heads=t.get("kv_heads")))
-        return assemble(teacher, blocks)
+                                      kv_heads=t.get("kv_heads"), **mixer_of(t)))
+        return assemble_student(teacher, blocks)

@@ -53,7 +53,8 @@ class ScoreAssembled(_Score, _StudentTask):
         from transformers import AutoModelForCausalLM
 
         folder = self.model_requires()["model"].out_dir / "model"
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(self.device)
+        # trust_remote_code: a converted student's folder carries its modelling code (zgcore.models.hf_converted_llama)
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=True).to(self.device)
 
     def extra_outputs(self, model, tokens):
         if not self.in_domain_test():

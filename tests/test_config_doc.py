@@ -31,7 +31,7 @@ def test_every_key_has_its_default_and_a_meaning():
     text = config_doc.markdown()
     assert "| `corpus.max_tokens` | `0` |  | cap on the tokens read" in text
     assert "| `train.keep` | `\"spread\"` | `spread`, `first`, `last`, `importance` |" in text
-    assert "| `train.objective` | `\"clean\"` | `clean`, `noisy`, `denoise` |" in text
+    assert "| `train.objective` | `\"clean\"` | `clean`, `noisy`, `denoise`, `attention_transfer` |" in text
     assert "| `heal.steps` | `0` |  | 0 = no healing stage" in text  # HEAL_DEFAULTS
     assert "| `distill.steps` | `0` |  | 0 = matched" in text  # DISTILL_DEFAULTS overrides HEAL_DEFAULTS' comment
     assert "| `distill.weight_decay` | `0.0` |  | AdamW weight decay |" in text  # inherited through **HEAL_DEFAULTS

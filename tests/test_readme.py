@@ -79,7 +79,8 @@ def _argv(cmd: list[str]) -> list[str]:
     return [sys.executable, "-c", "import sys; from workflows.cli import main; sys.argv[0] = 'zerograph'; main()", *args]
 
 
-TINY_OF = {"distill": "distill_tiny", "library": "library_tiny", "heal_topk": "heal_topk_tiny"}  # a SmolLM2 preset -> its seconds-long twin on a tiny random teacher
+TINY_OF = {"distill": "distill_tiny", "library": "library_tiny", "heal_topk": "heal_topk_tiny", "convert": "convert_tiny",
+           "convert_study": "convert_study_tiny", "convert_library": "convert_library_tiny"}  # a SmolLM2 preset -> its seconds-long twin on a tiny random teacher
 
 
 def _takes_preset(cmd: list[str]) -> bool:

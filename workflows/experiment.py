@@ -114,10 +114,20 @@ def load_config(config: str = "", overrides: str = "", preset: str = "", seeded_
     info = describe(cfg["teacher"])
     zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"], info.mlp_width)
     check_kv_heads(cfg)
+    check_mixers(cfg, info.model_type)
     if int(cfg["heal"]["steps"]) and cfg.get("seeds") and not seeded_heal:
         raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0 "
                                   "(DistillStudy heals every seed's student)")
     return cfg
+
+
+def check_mixers(cfg: dict[str, Any], model_type: str) -> None:
+    """Check the blocks' ``mixer`` against the teacher's family: a converted mixer names the families
+    that can take it. Raises :class:`zgcore.config.experiment.ConfigError`."""
+    from zgcore.models.mixers import check_family
+
+    check_family({f"blocks.{i}.mixer" if "mixer" in cfg["blocks"].get(str(i), {}) else "train.mixer":
+                  zconfig.block_train_config(cfg, i)["mixer"] for i in range(int(cfg["boundary"]["num_blocks"]))}, model_type)
 
 
 def check_kv_heads(cfg: dict[str, Any]) -> None:
@@ -186,13 +196,15 @@ def build_experiment(cfg: dict[str, Any], outputs: str = "outputs") -> ZGTask:
                        **_common(cfg, outputs))
 
 
-def build_study(cfg: dict[str, Any], outputs: str = "outputs") -> ObjectiveStudyReport:
-    """The objective study: {clean, noisy, denoise} x {cached, online} arms for every seed."""
+def build_study(cfg: dict[str, Any], outputs: str = "outputs", objectives: tuple[str, ...] = STUDY_OBJECTIVES,
+                targets: tuple[str, ...] = STUDY_TARGETS) -> ObjectiveStudyReport:
+    """The objective study: {clean, noisy, denoise} x {cached, online} arms for every seed (or the
+    given ``objectives`` x ``targets``, e.g. the conversion study's clean vs attention_transfer)."""
     from tasks import ObjectiveStudyReport
 
     arms = []
-    for obj in STUDY_OBJECTIVES:
-        for tg in STUDY_TARGETS:
+    for obj in objectives:
+        for tg in targets:
             for s in cfg.get("seeds") or [None]:
                 blocks = block_settings(cfg, s, objective=obj, targets=tg)
                 arms.append({"objective": obj, "targets": tg, "seed": blocks[0]["seed"], "blocks": blocks})
@@ -246,3 +258,15 @@ class ObjectiveStudy(RunExperiment):
 
     def requires(self):
         return build_study(self.cfg, self.outputs)
+
+
+class ConvertStudy(RunExperiment):
+    """The conversion method question: block-boundary regression alone (``clean``) against attention
+    transfer then regression (``attention_transfer``), at matched steps, cached targets, every seed,
+    one comparison report (run-level verdict over ``seeds``). Default preset ``convert_study``
+    (docs/conversion.md). Source: LoLCATs (arXiv:2410.10254), attention transfer."""
+
+    preset = luigi.Parameter(default=registry.get("ConvertStudy").default_preset, description="preset in workflows/presets")
+
+    def requires(self):
+        return build_study(self.cfg, self.outputs, ("clean", "attention_transfer"), ("cached",))

@@ -42,6 +42,7 @@ def library_plan(cfg: dict[str, Any]) -> dict[str, Any]:
     from zgcore.models.costs import block_cost, student_extra, teacher_config
     from zgcore.models.heads import check_kv_heads, kv_heads
     from zgcore.models.hetero import HETERO_FAMILIES
+    from zgcore.models.mixers import check_family, check_window
     from zgcore.models.shapes import n_kept, resolve_boundaries
 
     lib = cfg["library"]
@@ -79,7 +80,11 @@ def library_plan(cfg: dict[str, Any]) -> dict[str, Any]:
             if key in seen:  # two tables naming one block: one candidate
                 continue
             seen[key] = len(cands)
-            cost = block_cost(config, range(bs[i], bs[i] + n), t["intermediate_size"], t.get("kv_heads"), seq)
+            if library.converted(t):
+                check_family({f"{where}.mixer": t["mixer"]}, config.model_type)
+                check_window(f"{where}: train.window", t["mixer"], t["window"], seq)
+            cost = block_cost(config, range(bs[i], bs[i] + n), t["intermediate_size"], t.get("kv_heads"), seq,
+                              t["mixer"], t["window"], int(lib["context"]))
             cands.append({"train": t, "name": library.describe_variant(t, n, width, tkv), "variant": v, "cost": cost})
         if not cands:
             raise zconfig.ConfigError(f"partition {i} has no variant: set library.variants or library.blocks.{i}.variants")
@@ -90,7 +95,7 @@ def library_plan(cfg: dict[str, Any]) -> dict[str, Any]:
                                   f"for {', '.join(HETERO_FAMILIES)} teachers, not {config.model_type!r}: use one mlp "
                                   "and kv_heads for every variant")
     extra = student_extra(config)
-    teacher_cost = {u: extra[u] + sum(block_cost(config, range(bs[i], bs[i + 1]), None, None, seq)[u]
+    teacher_cost = {u: extra[u] + sum(block_cost(config, range(bs[i], bs[i + 1]), None, None, seq, context=int(lib["context"]))[u]
                                       for i in range(len(bs) - 1)) for u in extra}
     unit = lib["budget_unit"]
     low = extra[unit] + sum(min(c["cost"][unit] for c in p) for p in parts)
@@ -124,7 +129,8 @@ def build_library(cfg: dict[str, Any], outputs: str = "outputs", plan: dict[str,
     return LibraryReport(teacher=cfg["teacher"], corpus=cfg["corpus"], boundary=cfg["boundary"], eval=cfg["eval"],
                          candidates=[[{"train": c["train"], "name": c["name"]} for c in p] for p in plan["candidates"]],
                          uniform=plan["uniform"], budgets=plan["budgets"], unit=plan["unit"],
-                         teacher_cost=plan["teacher_cost"], name=cfg["name"], outputs=outputs, device=cfg["device"])
+                         teacher_cost=plan["teacher_cost"], name=cfg["name"], outputs=outputs, device=cfg["device"],
+                         context=int(cfg["library"]["context"]))
 
 
 class SelectStudent(RunExperiment):

@@ -140,7 +140,7 @@ def table(luigi: str = ".venv/bin/luigi") -> str:
     return "\n".join(rows)
 
 
-register(Workflow("RunExperiment", ("default", "tiny", "heal_topk", "heal_topk_tiny"), "default", "tiny", "experiment",
+register(Workflow("RunExperiment", ("default", "tiny", "heal_topk", "heal_topk_tiny", "convert", "convert_tiny"), "default", "tiny", "experiment",
                   "How close does a blockwise-trained student get to its teacher?", "README.md"))
 register(Workflow("ObjectiveStudy", ("study", "study_tiny"), "study", "study_tiny", "experiment",
                   "Which block objective composes best: clean, noisy or denoising targets, cached or online?",
@@ -151,6 +151,9 @@ register(Workflow("DistillStudy", ("distill", "distill_tiny"), "default", "disti
 register(Workflow("LocalLearningStudy", ("local_*",), "local_default", "local_tiny", "local",
                   "Does greedy local learning match end-to-end pretraining at the same token budget?",
                   "docs/local_learning.md"))
-register(Workflow("SelectStudent", ("library", "library_tiny"), "library", "library_tiny", "experiment",
+register(Workflow("SelectStudent", ("library", "library_tiny", "convert_library", "convert_library_tiny"), "library", "library_tiny", "experiment",
                   "Which mix of candidate blocks gives the best student for a parameter or FLOPs budget?",
                   "docs/library.md"))
+register(Workflow("ConvertStudy", ("convert_study", "convert_study_tiny"), "convert_study", "convert_study_tiny",
+                  "experiment", "Does attention transfer before boundary regression convert a teacher's attention better "
+                  "than regression alone?", "docs/conversion.md"))

@@ -72,7 +72,7 @@ DEFAULTS: dict[str, Any] = {
         "teacher_dtype": "float32",  # dtype the teacher is loaded and run in (cache build, online targets)
     },
     "train": {
-        "objective": "clean",  # the local objective (zgcore.training.objectives registry): what a block sees and must output
+        "objective": "clean",  # clean | noisy | denoise | attention_transfer (a converted mixer first matches the teacher's attention); the local objective (zgcore.training.objectives registry): what a block sees and must output
         "targets": "cached",  # "cached": read the teacher boundary store; "online": run the teacher each step
         "noise": 0.1,  # noisy/denoise objectives: noise std as a multiple of each channel's RMS
         "loss_norm": "channel",  # per-channel RMS (channel), per-token norm (token) or plain MSE (none)
@@ -84,6 +84,14 @@ DEFAULTS: dict[str, Any] = {
         # None = the teacher's key-value heads; fewer (dividing them; Llama, Mistral, Qwen2/3) starts each group from the mean of its heads
         "kv_heads": None,
         "init": "teacher",  # "teacher" (copy kept layers) or "random"
+        # the token mixer of the block's layers (zgcore.models.mixers, docs/conversion.md): softmax = the teacher's attention;
+        # window = softmax over the last train.window tokens; linear = causal linear attention with a learned (Hedgehog)
+        # feature map; linear_window = softmax inside the window, linear beyond it, one normaliser (LoLCATs); none = no
+        # attention sub-layer. Each starts from the teacher's q/k/v/o and rotary positions; not hashed when softmax
+        "mixer": "softmax",
+        "window": 64,  # tokens a window / linear_window mixer attends to with softmax (the current one included); hashed only for those
+        # objective attention_transfer: steps of per-layer attention-output matching before clean regression (the rest)
+        "transfer_steps": 50,
         "lr": 2e-3,  # AdamW peak; block-1 sweep on SmolLM2: 2e-4 < 5e-4 < 1e-3 < 2e-3 in recovered CE
         # lr search per block (zgcore.training.lr_search), scored on the block's validation loss over the validation
         # sequences outside the test subset (needs eval.max_sequences below the split's size)
@@ -124,6 +132,9 @@ DEFAULTS: dict[str, Any] = {
         "blocks": {},  # per-partition lists replacing library.variants there: library.blocks.<i>.variants
         "budgets": [],  # one student per budget: an amount of budget_unit, or a share of the teacher's when <= 1
         "budget_unit": "params",  # params (non-embedding) | flops (per token at corpus.seq_len) | kv_bytes (per token)
+        # kv_bytes counted as one sequence's decode state at this many tokens (softmax caches grow, window and linear
+        # mixers' stop: a variant's mixer then answers which partitions keep softmax); 0 = per token. Hashed when > 0
+        "context": 0,
     },
     "distill": DISTILL_DEFAULTS,  # DistillStudy's end-to-end arm
     "eval": {
@@ -145,6 +156,7 @@ DEFAULTS: dict[str, Any] = {
 UNHASHED_TOP = {"name", "device"}
 KEEP_POLICIES = ("spread", "first", "last", "importance")
 INITS = ("teacher", "random")
+MIXERS = ("softmax", "window", "linear", "linear_window", "none")  # zgcore.models.hf_converted_llama.MIXERS
 DTYPES = ("float32", "float16", "bfloat16")
 LOSS_NORMS = ("none", "token", "channel")
 TARGETS = ("cached", "online")
@@ -154,6 +166,6 @@ TARGETS = ("cached", "online")
 CHOICES: dict[str, tuple[str, ...]] = {
     "boundary.dtype": DTYPES, "boundary.teacher_dtype": DTYPES, "train.targets": TARGETS,
     "heal.targets": TARGETS, "distill.targets": TARGETS,
-    "train.loss_norm": LOSS_NORMS, "train.keep": KEEP_POLICIES, "train.init": INITS,
+    "train.loss_norm": LOSS_NORMS, "train.keep": KEEP_POLICIES, "train.init": INITS, "train.mixer": MIXERS,
     "library.budget_unit": ("params", "flops", "kv_bytes"),
 }

@@ -17,7 +17,7 @@ from typing import Any, Collection, Mapping
 import yaml
 
 from zgcore.checks import ConfigError, positive_int as _positive_int, validate_lr_search  # noqa: F401 (re-exported; validators below use the short name)
-from zgcore.config.defaults import DEFAULTS, DTYPES, INITS, KEEP_POLICIES, LOSS_NORMS, TARGETS, UNHASHED_TOP  # noqa: F401 (re-exported)
+from zgcore.config.defaults import DEFAULTS, DTYPES, INITS, KEEP_POLICIES, LOSS_NORMS, MIXERS, TARGETS, UNHASHED_TOP  # noqa: F401 (re-exported)
 from zgcore.config.distill import validate_distill
 from zgcore.models.shapes import n_kept, resolve_boundaries
 from zgcore.config.overrides import parse_overrides, split_overrides, yaml_load as _yaml  # noqa: F401 (re-exported)
@@ -197,8 +197,12 @@ def _validate_static(cfg: dict[str, Any]) -> None:
         if bs[0] != 0:
             raise ConfigError(f"boundary.boundaries must start at 0 (the embedding output), got {list(bs)}")
         b["num_blocks"] = len(bs) - 1
+    from zgcore.models.mixers import check_window  # imports transformers: only when checking
+
     for i in range(int(b["num_blocks"])):
-        validate_train(block_train_config(cfg, i), f"block {i}", i, cfg["blocks"].get(str(i), {}))
+        over = cfg["blocks"].get(str(i), {})
+        validate_train(t := block_train_config(cfg, i), f"block {i}", i, over)
+        check_window(f"blocks.{i}.window" if "window" in over else "train.window", t["mixer"], t["window"], c["seq_len"])
     extra = [k for k in cfg["blocks"] if int(k) >= int(b["num_blocks"])]
     if extra:
         raise ConfigError(f"blocks.{extra[0]}: there are only {b['num_blocks']} blocks (0..{int(b['num_blocks']) - 1})")
@@ -256,7 +260,7 @@ def validate_train(t: Mapping[str, Any], where: str, block: int | None = None,
     if t["objective"] not in OBJECTIVES:
         raise ConfigError(f"{n('objective')}: unknown objective {t['objective']!r}; known: {', '.join(sorted(OBJECTIVES))}")
     for k, allowed in (("targets", TARGETS), ("loss_norm", LOSS_NORMS),
-                       ("keep", KEEP_POLICIES), ("init", INITS)):
+                       ("keep", KEEP_POLICIES), ("init", INITS), ("mixer", MIXERS)):
         if t[k] not in allowed:
             raise ConfigError(f"{n(k)} must be one of {', '.join(map(str, allowed))}, got {t[k]!r}")
     if not isinstance(t["noise"], (int, float)) or isinstance(t["noise"], bool) or t["noise"] < 0:
@@ -269,6 +273,11 @@ def validate_train(t: Mapping[str, Any], where: str, block: int | None = None,
         if t[k] is not None:
             _positive_int(n(k), t[k])
     _positive_int(n("importance_sequences"), t["importance_sequences"])
+    _positive_int(n("window"), t["window"])
+    _positive_int(n("transfer_steps"), t["transfer_steps"])
+    if t["objective"] == "attention_transfer" and t["mixer"] in ("softmax", "none"):
+        raise ConfigError(f"{n('objective')}=attention_transfer with {n('mixer')}={t['mixer']}: there is nothing to transfer "
+                          "(the mixer is the teacher's attention, or has none); set mixer to window, linear or linear_window")
     if not (0 < float(t["keep_fraction"]) <= 1):
         raise ConfigError(f"{n('keep_fraction')} must be in (0, 1], got {t['keep_fraction']!r}")
     for k in [k for k in ("ce_weight", "mtp_weight") if isinstance(t[k], bool) or not isinstance(t[k], (int, float)) or not 0 <= t[k] < float("inf")]:

@@ -8,7 +8,10 @@ A variant is a table of at most these keys, each replacing the block's train set
 * ``n_layers`` (int) or ``keep_fraction`` (float in (0, 1]): how many teacher layers the block keeps;
 * ``keep``: which (``spread``, ``importance``, ``first``, ``last``);
 * ``mlp``: MLP width as a fraction of the teacher's (1 = the teacher's width: ``intermediate_size`` None);
-* ``kv_heads``: key-value heads (the teacher's count = None; fewer: grouped-query conversion).
+* ``kv_heads``: key-value heads (the teacher's count = None; fewer: grouped-query conversion);
+* ``mixer``: the token mixer (``softmax``, ``window``, ``linear``, ``linear_window``, ``none``:
+  :mod:`zgcore.models.mixers`), so a ``kv_bytes`` budget at ``library.context`` tokens chooses
+  which partitions keep softmax attention.
 
 A candidate's train settings are exactly what an experiment asking for the same block resolves to,
 so the two share one ``TrainBlock`` (one hash, trained once).
@@ -22,7 +25,8 @@ from typing import Any
 from zgcore.checks import ConfigError
 from zgcore.models.costs import UNITS
 
-VARIANT_KEYS = ("n_layers", "keep_fraction", "keep", "mlp", "kv_heads")
+VARIANT_KEYS = ("n_layers", "keep_fraction", "keep", "mlp", "kv_heads", "mixer")
+MIXERS = ("softmax", "window", "linear", "linear_window", "none")  # zgcore.models.hf_converted_llama.MIXERS
 
 
 def active(cfg: Mapping[str, Any]) -> bool:
@@ -52,6 +56,8 @@ def validate(cfg: dict[str, Any]) -> None:
             raise ConfigError(f"library.blocks.{k}: give library.blocks.<partition>.variants = [...]")
         norm[str(int(k))] = {"variants": list(v.get("variants") or [])}
     lib["blocks"] = norm
+    if isinstance(lib.get("context"), bool) or not isinstance(lib.get("context"), int) or lib["context"] < 0:
+        raise ConfigError(f"library.context must be a number of tokens >= 0 (0 = kv_bytes per token), got {lib.get('context')!r}")
     for where, variants in [("library.variants", lib["variants"])] + [(f"library.blocks.{k}.variants", v["variants"])
                                                                        for k, v in norm.items()]:
         if not isinstance(variants, (list, tuple)):
@@ -75,6 +81,13 @@ def _check_variant(v: Any, where: str) -> None:
             raise ConfigError(f"{where}.{k} must be a number in (0, 1], got {v[k]!r}")
     if "kv_heads" in v and (isinstance(v["kv_heads"], bool) or not isinstance(v["kv_heads"], int) or v["kv_heads"] < 1):
         raise ConfigError(f"{where}.kv_heads must be an integer >= 1, got {v['kv_heads']!r}")
+    if "mixer" in v and v["mixer"] not in MIXERS:
+        raise ConfigError(f"{where}.mixer must be one of {', '.join(MIXERS)}, got {v['mixer']!r}")
+
+
+def converted(t: Mapping[str, Any]) -> bool:
+    """Whether a candidate's train settings ask for a token mixer other than softmax."""
+    return t.get("mixer", "softmax") != "softmax"
 
 
 def partition_variants(cfg: Mapping[str, Any], i: int) -> list[dict[str, Any]]:
@@ -106,15 +119,19 @@ def candidate_train(block_train: Mapping[str, Any], variant: Mapping[str, Any], 
         t["intermediate_size"] = None if w == mlp_width else int(w)
     if "kv_heads" in variant:
         t["kv_heads"] = None if teacher_kv is not None and int(variant["kv_heads"]) == teacher_kv else int(variant["kv_heads"])
+    if "mixer" in variant:
+        t["mixer"] = variant["mixer"]
     return t
 
 
 def describe_variant(t: Mapping[str, Any], kept: int, mlp_width: int, teacher_kv: int) -> str:
     """A short name of a candidate from its train settings ``t`` and its kept-layer count, e.g.
-    ``8L spread mlp75% kv1`` (MLP width as a share of the teacher's; ``kv`` only when reduced)."""
+    ``8L spread mlp75% kv1`` (MLP width as a share of the teacher's; ``kv`` only when reduced; the
+    mixer only when not softmax)."""
     width = t.get("intermediate_size") or mlp_width
     kv = f" kv{t['kv_heads']}" if t.get("kv_heads") not in (None, teacher_kv) else ""
-    return f"{kept}L {t['keep']} mlp{100 * width / mlp_width:.0f}%{kv}"
+    mixer = f" {t['mixer']}" if t.get("mixer", "softmax") != "softmax" else ""
+    return f"{kept}L {t['keep']} mlp{100 * width / mlp_width:.0f}%{kv}{mixer}"
 
 
 def budgets(lib: Mapping[str, Any], teacher_cost: float) -> list[float]:

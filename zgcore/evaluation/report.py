@@ -290,12 +290,12 @@ def report_markdown(report: Mapping[str, Any]) -> str:
                                         [[f"{k} ({desc.get(k, k)})", num(g["value"], ".3f"), g["threshold"],
                                           verdict_word(g["passed"]), g.get("reason") or ""]
                                          for k, g in report["gates"].items()]), ""]
-    lines += ["## Blocks", "",
-              table(["block", "teacher layers", "student layers (from teacher)", "objective", "steps", "first loss",
-                     "final loss", "seconds"],
-                    [[b["block"], f"[{b['start']}, {b['end']})", b["kept"], b["objective"], b["steps"], num(b["first_loss"]),
-                      num(b["final_loss"]), num(b["seconds"], ".1f")] for b in report["blocks"]]),
-              "", f"Assembled model: `{report['model_dir']}` (loads with `AutoModelForCausalLM.from_pretrained`).", ""]
+    conv = any("mixer" in b for b in report["blocks"])  # a converted student names every block's mixer (zgcore.models.mixers)
+    lines += ["## Blocks", "", table(["block", "teacher layers", "student layers (from teacher)", *(["mixer"] if conv else []), "objective",
+                                      "steps", "first loss", "final loss", "seconds"],
+                    [[b["block"], f"[{b['start']}, {b['end']})", b["kept"], *([b.get("mixer", "softmax")] if conv else []), b["objective"],
+                      b["steps"], num(b["first_loss"]), num(b["final_loss"]), num(b["seconds"], ".1f")] for b in report["blocks"]]),
+              "", f"Assembled model: `{report['model_dir']}` (loads with `AutoModelForCausalLM.from_pretrained`{', trust_remote_code=True' * conv}).", ""]
     if report.get("sample"):
         lines += ["## Sample", "", "```", report["sample"], "```", ""]
     return "\n".join(lines)

@@ -159,7 +159,7 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
     objs = list(dict.fromkeys(a["objective"] for a in arms))
     tgs = list(dict.fromkeys(a["targets"] for a in arms))
     pairs = [(f"{x}/{tg}", f"{y}/{tg}") for tg in tgs for x, y in (("noisy", "clean"), ("denoise", "clean"), ("denoise", "noisy"))]
-    pairs += [(f"{o}/online", f"{o}/cached") for o in objs]
+    pairs += [(f"{o}/online", f"{o}/cached") for o in objs] + [(f"attention_transfer/{tg}", f"clean/{tg}") for tg in tgs]
     comps = compare_arms(pairs, groups, groups=next((a.get("documents") for a in arms if a.get("scores") is not None), None))
     if any(r.get("teacher_note") for r in rows):  # a random teacher: a plumbing check, no verdict
         descriptive(comps)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from zgcore.models.channels import mlp_width, pad_layer, prune_layer, top_channels
+from zgcore.models import mixers
 from zgcore.models.families import ADAPTERS, FamilyAdapter, adapter_for, attn_implementation  # noqa: F401 (re-exported)
 
 
@@ -31,10 +32,12 @@ class StudentBlock(nn.Module):
         intermediate_size: the MLP width of the block's layers (None: the teacher's).
         kv_heads: key-value heads of the block's attention (None: the teacher's;
             :mod:`zgcore.models.heads`).
+        mixer: the token mixer of every layer (:mod:`zgcore.models.mixers`; ``softmax``: the family's
+            own attention). window: tokens in a windowed mixer's window.
     """
 
     def __init__(self, teacher_config, layer_indices: Sequence[int], intermediate_size: int | None = None,
-                 kv_heads: int | None = None):
+                 kv_heads: int | None = None, mixer: str = "softmax", window: int | None = None):
         super().__init__()
         from transformers import AutoModel
 
@@ -54,6 +57,9 @@ class StudentBlock(nn.Module):
             p.requires_grad_(False)
         for j, layer in enumerate(self.layers):
             _set_layer_idx(layer, j)
+        self.mixer, self.window = mixer, window
+        for j, layer in enumerate(self.layers):
+            mixers.convert_layer(layer, cfg, mixer, int(window or 0), j)
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -80,7 +86,8 @@ def _set_layer_idx(layer: nn.Module, j: int) -> None:
 
 def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
                 device: torch.device | str | None = None, intermediate_size: int | None = None,
-                channels: Sequence[Sequence[float]] | None = None, kv_heads: int | None = None) -> StudentBlock:
+                channels: Sequence[Sequence[float]] | None = None, kv_heads: int | None = None,
+                mixer: str = "softmax", window: int | None = None) -> StudentBlock:
     """Build a student block over teacher layers ``layer_indices``.
 
     Args:
@@ -96,6 +103,8 @@ def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
             i's per-channel magnitudes, :func:`zgcore.models.students.measure`).
         kv_heads: fewer key-value heads than the teacher's; with ``init="teacher"`` each group's
             key and value heads start as the mean of the teacher's (:func:`zgcore.models.heads.group_kv`).
+        mixer, window: the layers' token mixer (:mod:`zgcore.models.mixers`); with ``init="teacher"`` it
+            starts from the teacher's projections, its feature maps from the identity.
 
     Returns a float32 block in train mode.
 
@@ -104,7 +113,7 @@ def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
         ValueError: a narrower teacher-initialised block without ``channels``.
     """
     torch.manual_seed(seed)
-    block = StudentBlock(teacher.config, layer_indices, intermediate_size, kv_heads)
+    block = StudentBlock(teacher.config, layer_indices, intermediate_size, kv_heads, mixer, window)
     if init == "teacher":
         from zgcore.models.heads import group_kv
 
@@ -115,14 +124,15 @@ def build_block(teacher, layer_indices: Sequence[int], init: str, seed: int, *,
         for j, i in enumerate(layer_indices):
             want = block.layers[j].state_dict()
             got = weights(i)
-            missing = sorted(set(want) - set(got))
+            own = mixers.own_keys(want)  # a converted mixer's feature maps keep their initialisation
+            missing = sorted(set(want) - set(got) - own)
             if missing:
                 raise KeyError(f"teacher layer {i} has no weights for {missing[:3]}")
-            sd = {k: got[k] for k in want}
+            sd = {k: got[k] for k in want if k not in own}
             if kv_heads is not None:
                 sd = group_kv(sd, teacher.config, int(kv_heads))
-            block.layers[j].load_state_dict(prune_layer(sd, teacher.config, top_channels(channels[i], block.width))
-                                            if narrow else sd)
+            sd = prune_layer(sd, teacher.config, top_channels(channels[i], block.width)) if narrow else sd
+            block.layers[j].load_state_dict({**sd, **{k: want[k] for k in own}})
     if device is None:
         device = teacher.device if not isinstance(teacher, nn.Module) else next(teacher.parameters()).device
     return block.to(device)

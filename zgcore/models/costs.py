@@ -10,6 +10,13 @@ The block is built on PyTorch's ``meta`` device with the family's own Hugging Fa
   scores and weighted sum, ``2 x 2 x heads x head_dim x (T + 1) / 2`` per layer (a causal token
   at position ``t`` attends to ``t + 1`` keys; the mean over ``T`` positions is ``(T + 1) / 2``);
 * KV bytes/token: ``2 (keys and values) x kv_heads x head_dim x 2 bytes`` (a 16-bit cache) per layer.
+* token mixers other than softmax (:mod:`zgcore.models.mixers`): a ``window`` layer attends to
+  ``min(t + 1, window)`` keys and caches ``window`` of them; a ``linear`` layer costs
+  ``4 x heads x 2 head_dim x head_dim`` FLOPs/token (state update and read) and caches
+  ``heads x (2d x d + 2d)`` numbers; ``linear_window`` both; ``none`` nothing. Given a decode length
+  ``context`` (``library.context`` > 0), ``kv_bytes`` is the decode state's bytes per sequence at that
+  length (softmax grows with it, the others stop); without one, bytes per token as above (a
+  converted layer: its state at ``seq_len`` tokens divided by ``seq_len``).
 
 A whole student adds the same constants to every choice (:func:`student_extra`): the final norm's
 parameters, and the LM head's ``2 x hidden x vocab`` FLOPs per token. Follows Kaplan et al. 2020,
@@ -31,7 +38,7 @@ UNITS = ("params", "flops", "kv_bytes")
 
 
 def block_cost(config, layer_indices: Sequence[int], intermediate_size: int | None, kv_heads: int | None,
-               seq_len: int) -> dict[str, float]:
+               seq_len: int, mixer: str = "softmax", window: int | None = None, context: int = 0) -> dict[str, float]:
     """``{"params", "flops", "kv_bytes"}`` of one student block (see the module docstring).
 
     Args:
@@ -39,22 +46,39 @@ def block_cost(config, layer_indices: Sequence[int], intermediate_size: int | No
             is the block's depth; per-layer config such as ``layer_types`` follows them).
         intermediate_size: MLP width (None: the teacher's). kv_heads: key-value heads (None: the
             teacher's). seq_len: the sequence length FLOPs are counted at (tokens).
+        mixer, window: the layers' token mixer. context: the decode length (tokens) at which
+            ``kv_bytes`` counts the decode state of one sequence (0: bytes per token).
 
     Returns:
-        Parameters (int), FLOPs per token (float) and KV-cache bytes per token (int), as floats/ints.
+        Parameters (int), FLOPs per token (float) and KV-cache bytes (int), as floats/ints.
     """
     from zgcore.models.adapters import StudentBlock
 
     with torch.device("meta"):
-        block = StudentBlock(config, list(layer_indices), intermediate_size, kv_heads)
+        block = StudentBlock(config, list(layer_indices), intermediate_size, kv_heads, mixer, window)
     layers = block.layers
     params = sum(p.numel() for p in layers.parameters())
     linear = sum(m.weight.numel() for m in layers.modules() if isinstance(m, nn.Linear))
     linear += sum(m.weight.numel() for m in layers.modules() if type(m).__name__ == "Conv1D")  # GPT-2
     n, heads, d = len(layer_indices), int(config.num_attention_heads), head_dim(config)
     kv = int(kv_heads) if kv_heads is not None else teacher_kv_heads(config)
-    flops = 2.0 * linear + n * 4.0 * heads * d * (int(seq_len) + 1) / 2
-    return {"params": int(params), "flops": float(flops), "kv_bytes": int(n * 2 * kv * d * KV_CACHE_BYTES)}
+    T, w = int(seq_len), int(window or 0)
+    # keys a token attends to with softmax, mean over the T positions
+    keys = (T + 1) / 2 if mixer == "softmax" else sum(min(t + 1, w) for t in range(T)) / T if w else 0.0
+    lin = 4.0 * heads * 2 * d * d if mixer in ("linear", "linear_window") else 0.0
+    flops = 2.0 * linear + n * (4.0 * heads * d * keys + lin)
+
+    def state(tokens: int) -> int:  # one layer's decode state after ``tokens`` tokens, elements
+        ring = {"softmax": tokens, "window": min(tokens, w), "linear_window": min(tokens, w)}.get(mixer, 0)
+        return 2 * kv * d * ring + (heads * (2 * d * d + 2 * d) if mixer in ("linear", "linear_window") else 0)
+
+    if context:
+        kv_bytes = n * state(int(context)) * KV_CACHE_BYTES
+    elif mixer == "softmax":
+        kv_bytes = n * 2 * kv * d * KV_CACHE_BYTES
+    else:
+        kv_bytes = round(n * state(T) * KV_CACHE_BYTES / T)
+    return {"params": int(params), "flops": float(flops), "kv_bytes": int(kv_bytes)}
 
 
 def student_extra(config) -> dict[str, float]:

@@ -117,11 +117,17 @@ ADAPTERS: dict[str, FamilyAdapter] = {
 }
 
 
+# students assembled into modelling code of their own (zgcore.models.hf_hetero_llama, hf_converted_llama):
+# their parts sit where their family's do; never teachers
+ASSEMBLED = {"zg_hetero_llama": "llama", "zg_converted_llama": "llama"}
+
+
 def adapter_for(model_or_config) -> FamilyAdapter:
-    """The adapter of a model or config. Raises :class:`ConfigError` for unsupported families."""
+    """The adapter of a model or config (also of an assembled student's own classes,
+    :data:`ASSEMBLED`). Raises :class:`ConfigError` for unsupported families."""
     cfg = getattr(model_or_config, "config", model_or_config)
     try:
-        return ADAPTERS[cfg.model_type]
+        return ADAPTERS[ASSEMBLED.get(cfg.model_type, cfg.model_type)]
     except KeyError:
         raise ConfigError(f"unsupported architecture {cfg.model_type!r}; supported: {', '.join(ADAPTERS)}") from None
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from zgcore.models.adapters import StudentBlock, adapter_for, fill_student
+from zgcore.models import mixers
+from zgcore.models.adapters import StudentBlock, adapter_for, assemble, fill_student
 from zgcore.models.families import attn_implementation
 from zgcore.models.heads import kv_heads as teacher_kv_heads
 
@@ -47,11 +48,14 @@ def assemble_exact(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Mod
             ``[B, T, H]`` float32 -> same; their layers may differ in MLP width and KV heads.
 
     Returns:
-        A float32 causal LM in eval mode with ``sum(len(b.layers))`` layers: the family's class
-        when :func:`is_uniform`, else a ``ZGHeteroLlamaForCausalLM``.
+        A float32 causal LM in eval mode with ``sum(len(b.layers))`` layers: a
+        ``ZGConvertedLlamaForCausalLM`` when a block's mixer is not softmax
+        (:mod:`zgcore.models.hf_converted_llama`), else the family's class when :func:`is_uniform`,
+        else a ``ZGHeteroLlamaForCausalLM``.
 
     Raises:
-        ValueError: layers of different shapes in a family outside :data:`HETERO_FAMILIES`.
+        ValueError: layers of different shapes, or converted mixers, in a family that has no
+            modelling code for them.
         RuntimeError: a parameter or buffer left unfilled.
     """
     from transformers import AutoModelForCausalLM
@@ -62,6 +66,21 @@ def assemble_exact(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Mod
     layer_types = [t for b in blocks for t in (getattr(b.body.config, "layer_types", None) or [])]
     if layer_types:
         cfg.layer_types = layer_types
+    layer_mixers = mixers.layer_mixers(blocks)
+    if set(layer_mixers) != {mixers.DEFAULT}:
+        mixers.check_family({"mixer": next(m for m in layer_mixers if m != mixers.DEFAULT)}, teacher.config.model_type)
+        from zgcore.models.hf_converted_llama import ZGConvertedLlamaConfig, ZGConvertedLlamaForCausalLM
+
+        windows = {int(b.window) for b in blocks if b.mixer in mixers.WINDOWED}
+        if len(windows) > 1:
+            raise ValueError(f"windowed blocks with different windows ({sorted(windows)}) cannot share one config; "
+                             "give them one train.window")
+        keep = {k: v for k, v in cfg.to_dict().items() if k not in ("model_type", "architectures", "transformers_version")}
+        ccfg = ZGConvertedLlamaConfig(**{**keep, "layer_intermediate_sizes": widths, "layer_kv_heads": kvs,
+                                         "layer_mixers": layer_mixers, "mixer_window": windows.pop() if windows else 64})
+        with torch.device("meta"):
+            student = ZGConvertedLlamaForCausalLM(ccfg)
+        return fill_student(student, teacher, blocks).float().eval()
     if is_uniform(blocks, teacher.config):
         setattr(cfg, ad.width_key, widths[0])
         if kvs[0] != teacher_kv_heads(teacher.config):
@@ -85,15 +104,25 @@ def assemble_exact(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Mod
     return fill_student(student, teacher, blocks).float().eval()
 
 
+def assemble_student(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
+    """The experiment's assembly: :func:`zgcore.models.adapters.assemble` (the family's own class,
+    narrower blocks zero-padded) unless a block's mixer is not softmax, then :func:`assemble_exact`
+    (a converted student, whose folder carries its modelling code)."""
+    if any(b.mixer != mixers.DEFAULT for b in blocks):
+        return assemble_exact(teacher, blocks)
+    return assemble(teacher, blocks)
+
+
 def save_student(student: nn.Module, tokenizer, folder: str | os.PathLike) -> bool:
     """Save an :func:`assemble_exact` student and its tokenizer to ``folder`` (with the modelling
     code and ``auto_map`` when heterogeneous). Returns whether it is heterogeneous."""
+    from zgcore.models.hf_converted_llama import ZGConvertedLlamaForCausalLM
     from zgcore.models.hf_hetero_llama import ZGHeteroLlamaForCausalLM
 
     folder = Path(folder)
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    hetero = isinstance(student, ZGHeteroLlamaForCausalLM)
-    if hetero and not (folder / "hf_hetero_llama.py").is_file():
-        raise RuntimeError(f"{folder}: save_pretrained did not copy the modelling code hf_hetero_llama.py")
-    return hetero
+    for cls, code in ((ZGHeteroLlamaForCausalLM, "hf_hetero_llama.py"), (ZGConvertedLlamaForCausalLM, "hf_converted_llama.py")):
+        if isinstance(student, cls) and not (folder / code).is_file():
+            raise RuntimeError(f"{folder}: save_pretrained did not copy the modelling code {code}")
+    return isinstance(student, (ZGHeteroLlamaForCausalLM, ZGConvertedLlamaForCausalLM))

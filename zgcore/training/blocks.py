@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from zgcore.atomic import atomic_path
 from zgcore.data.boundary_store import BoundaryReader
 from zgcore.device import autocast
+from zgcore.models.mixers import WINDOWED
 from zgcore.data.feed import block_batches, to_device
 from zgcore.data.order import data_order
 from zgcore.training.loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, load_checkpoint, lr_at  # noqa: F401 (re-exported)
@@ -55,6 +56,8 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
       (neither ``keep="importance"`` nor a narrower MLP: see :func:`zgcore.models.students.needs_measure`);
     * ``ce_weight`` when 0, ``mtp_weight`` and ``mtp_n`` when ``mtp_weight`` is 0 (a term of
       weight 0 is not computed), so experiments without local auxiliary terms keep their hashes.
+    * ``mixer`` when ``softmax`` (the teacher's attention: students without conversion keep their hashes) and
+      ``window`` unless the mixer is windowed (:data:`zgcore.models.mixers.WINDOWED`).
     * ``lrs`` and ``lr_rounds`` without an lr search (``lrs`` empty), so blocks without one keep
       their hashes; ``lr`` with one (the search chooses it).
 
@@ -75,6 +78,10 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
             out.pop("importance_sequences", None)
     if out.get("kv_heads") is None:
         out.pop("kv_heads", None)
+    if out.get("mixer", "softmax") == "softmax":
+        out.pop("mixer", None)
+    if out.get("mixer") not in WINDOWED:
+        out.pop("window", None)
     if out.get("lrs"):
         out.pop("lr", None)
     else:
@@ -94,7 +101,8 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
                 seed: int, work: Path, run_hash: str,
                 progress: Callable[[int, int, float], None] | None = None, name: str | None = None,
                 head: Callable[[torch.Tensor], torch.Tensor] | None = None, tokens: np.ndarray | None = None,
-                callbacks: Sequence[Callable[[StepInfo], None]] = ()) -> dict[str, Any]:
+                callbacks: Sequence[Callable[[StepInfo], None]] = (),
+                transfer: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
     """Train ``block`` to map boundary ``b_in`` to boundary ``b_out`` under objective ``t["objective"]``.
 
     The loss is :func:`~zgcore.training.objectives.regression_loss` with ``t["loss_norm"]``; its channel
@@ -125,6 +133,8 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
         tokens: the train split's token ids ``[n_train, T]`` int64, in the store's sequence order
             (``tokens[i]`` produced boundary sequence ``i``); needed by the auxiliary terms.
         callbacks: :class:`~zgcore.training.loop.TrainLoop` callbacks (e.g. :class:`zgcore.training.watch.TensorBoardWatch`).
+        transfer: objective ``attention_transfer``: the block's input ``[B, T, H]`` -> its attention-transfer
+            loss (:func:`zgcore.training.transfer.transfer_loss`), the loss of the first ``t["transfer_steps"]`` steps.
 
     Returns:
         Metrics: ``steps``, ``first_loss``, ``final_loss`` (mean of the last 10% of steps),
@@ -135,9 +145,13 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
         NonFiniteError: a non-finite loss or gradient norm (the last checkpoint stays in ``work``).
         BoundaryStoreError: a damaged shard (also when the prefetching worker read it: the same
             error and message, raised at the step that needs the batch).
-        ValueError: auxiliary terms without ``head`` and ``tokens``, or ``tokens`` of another length than the store.
+        ValueError: auxiliary terms without ``head`` and ``tokens``, or ``tokens`` of another length than the store;
+            ``attention_transfer`` without ``transfer``.
     """
     active = aux_active(t)
+    transfer_steps = int(t.get("transfer_steps") or 0) if t["objective"] == "attention_transfer" else 0
+    if transfer_steps and transfer is None:
+        raise ValueError("objective attention_transfer needs the teacher partition's attention (transfer=...)")
     if active and (head is None or tokens is None or len(tokens) != reader.n("train")):
         raise ValueError(f"train.ce_weight / train.mtp_weight need the teacher's head and the {reader.n('train')} train "
                          f"token sequences, got head={head is not None}, tokens={None if tokens is None else len(tokens)}")
@@ -180,6 +194,10 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
 
     def step_fn(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], step: int) -> list[torch.Tensor]:
         inp, target, ids = batch
+        if step < transfer_steps:  # attention transfer first (its loss only), then clean regression
+            with autocast(device):
+                loss = transfer(inp)
+            return loop.step_on(step, loss, [loss.detach()] + [torch.zeros_like(loss)] * len(active) if active else [])
         with autocast(device):
             pred = block(inp)
         loss = regression_loss(pred.float(), target, t["loss_norm"], target_scale)

@@ -147,6 +147,20 @@ class Denoise(Objective):
         return x + noise_like(x, ctx), x
 
 
+@register
+class AttentionTransfer(Objective):
+    """Attention transfer, then clean regression (LoLCATs' first stage; Zhang et al. 2024,
+    arXiv:2410.10254): for the first ``transfer_steps`` steps each converted layer's mixer matches
+    the teacher attention's output on the same input (:func:`zgcore.training.transfer.transfer_loss`),
+    then boundary i in, boundary i+1 as target, as ``clean``. Needs a mixer with weights to train."""
+
+    name = "attention_transfer"
+    reads = ("transfer_steps",)
+
+    def make_pair(self, x, y, ctx):
+        return x, y
+
+
 AUX_SETTINGS = ("ce_weight", "mtp_weight", "mtp_n")  # train settings of the local auxiliary terms
 
 

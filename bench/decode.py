@@ -1,0 +1,88 @@
+"""Decode speed and decode memory of converted students against their teacher, in one run
+(docs/conversion.md): for each mixer, every teacher layer converted (untrained: speed and state
+size do not depend on the weights' values), greedy ``generate()`` after a prompt of ``context``
+tokens; decode tokens/s = ``new`` tokens / (time of ``new + 1`` generated tokens - time of 1, the
+prefill), and the cache's bytes after decoding. Figures: each student's tokens/s divided by the
+teacher's at the same context, measured alternately in the same process.
+
+    python bench/decode.py --quick                                  # tiny-llama, contexts 64 and 128
+    python bench/decode.py --teacher smollm2-135m --contexts 512 4096 --new 64 --json decode.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def cache_bytes(cache) -> int:
+    """Bytes held by a generation cache: a converted student's state, or a transformers cache's keys and values."""
+    if hasattr(cache, "nbytes"):
+        return int(cache.nbytes())
+    return int(sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+                   if isinstance(t, __import__("torch").Tensor)))
+
+
+def main() -> int:
+    import torch
+
+    from zgcore.models import teacher as zteacher
+    from zgcore.models.adapters import build_block
+    from zgcore.models.hetero import assemble_exact
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--teacher", default="smollm2-135m")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
+    ap.add_argument("--new", type=int, default=64, help="tokens decoded after the prompt")
+    ap.add_argument("--window", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--outputs", default="outputs")
+    ap.add_argument("--quick", action="store_true", help="tiny-llama, contexts 64 and 128, 16 new tokens")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if a.quick:
+        a.teacher, a.contexts, a.new, a.window, a.repeats, a.outputs = "tiny-llama", [64, 128], 16, 8, 2, tempfile.mkdtemp()
+    teacher, _tok = zteacher.load(zteacher.materialise(a.teacher, a.outputs, log=lambda *_: None))
+    n = teacher.config.num_hidden_layers
+    models = {"teacher": teacher}
+    for mixer in ("window", "linear", "linear_window"):
+        models[mixer] = assemble_exact(teacher, [build_block(teacher, list(range(n)), "teacher", 0, mixer=mixer,
+                                                             window=a.window)])
+
+    @torch.no_grad()
+    def run(m, prompt, new):
+        t0 = time.perf_counter()
+        out = m.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, return_dict_in_generate=True,
+                         pad_token_id=0)
+        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        return time.perf_counter() - t0, cache_bytes(cache)
+
+    rows = []
+    for ctx in a.contexts:
+        prompt = torch.randint(0, teacher.config.vocab_size, (1, ctx), generator=torch.Generator().manual_seed(ctx))
+        best = {k: float("inf") for k in models}
+        nbytes = {}
+        for _ in range(a.repeats):  # alternate the models so a neighbour's load hits them alike
+            for k, m in models.items():
+                full, nbytes[k] = run(m, prompt, a.new + 1)
+                first, _ = run(m, prompt, 1)
+                best[k] = min(best[k], max(full - first, 1e-9))
+        for k in models:
+            tps = a.new / best[k]
+            rows.append({"context": ctx, "model": k, "tokens_per_s": tps, "vs_teacher": tps / (a.new / best["teacher"]),
+                         "cache_bytes": nbytes[k]})
+            print(f"context {ctx:6d}  {k:14} {tps:9.1f} tokens/s  x{rows[-1]['vs_teacher']:.2f} of the teacher  "
+                  f"cache {nbytes[k] / 2**20:8.2f} MiB", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"teacher": a.teacher, "new": a.new, "window": a.window, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
