@@ -80,7 +80,7 @@ def test_two_workers_share_one_luigid(tmp_path, luigid):
     root = build_experiment(load_config(overrides=CFG, preset=""), str(out))
     deps = api(luigid, "dep_graph", {"task_id": root.task_id})
     graph = walk(root)
-    assert len(graph) == 9  # with the cache's two shards (train, val)
+    assert len(graph) == 13  # with the cache's two shards (train, val) and the four scoring tasks
     for t in graph:
         assert t.task_id in done, t.task_id
         assert deps[t.task_id]["status"] == "DONE"
