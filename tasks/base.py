@@ -33,7 +33,7 @@ from zgcore.hashing import (
 )
 from zgcore.threads import apply_threads, decoder_params
 
-from .integrity import METADATA_BYTES, DamagedOutputError, OutputUnreadableError, _checking_inputs  # noqa: F401 (re-exported)
+from .integrity import METADATA_BYTES, DamagedOutputError, OutputUnreadableError, _checking_inputs, record_digest  # noqa: F401
 
 HIDDEN = ParameterVisibility.HIDDEN  # long configs: kept out of the visualiser's task names
 PROGRESS_INTERVAL_S = 2.0  # seconds between two progress reports to the scheduler
@@ -184,8 +184,8 @@ class ZGTask(luigi.Task):
         now, in full (what a reader asks before it loads). Raises ``OSError`` when the file system
         cannot read a file (that is not damage)."""
         rec = self.record() if rec is None else rec
-        if rec is None or "files" not in rec:
-            return f"{RECORD} is missing or unreadable"
+        if rec is None or "files" not in rec or rec.get("record_sha256", record_digest(rec)) != record_digest(rec):
+            return f"{RECORD} is missing, unreadable or changed since it was written"
         hashes = rec.get("sha256") or {}
         for name, size in rec["files"].items():
             if names is not None and name not in names:
@@ -234,17 +234,17 @@ class ZGTask(luigi.Task):
         return self.out_dir / name
 
     def check_inputs(self) -> None:
-        """Before this task's run reads anything: hash in full the bulk files (:meth:`bulk_files`)
-        of every output it reads (:meth:`read_upstream`), which :meth:`complete` checked by size
-        only. Called by every family's ``run`` (wrapped when the class is defined).
+        """Before this task's run reads anything: hash in full, uncached, every recorded file of
+        every output it reads (:meth:`read_upstream`): the bulk files (:meth:`bulk_files`) that
+        :meth:`complete` checked by size only, and the metadata-scale ones it took from a long-lived
+        process's cache. Every family's ``run`` calls it first (wrapped when the class is defined).
 
         Raises:
-            DamagedOutputError: one line naming the file; that input's folder is moved aside and
-                the next run rebuilds it (and this task)."""
+            DamagedOutputError: one line naming the file; that input is moved aside, the next run rebuilds it."""
         for t in self.read_upstream():
-            names = t.bulk_files() if t.out_dir.is_dir() else []
-            if names:
-                t.checked_all(names)
+            rec = t.record() if t.out_dir.is_dir() else None
+            if rec and rec.get("sha256"):
+                t.checked_all(rec["sha256"])
 
     def checked_all(self, names: Any) -> None:
         """:meth:`checked` for each of ``names`` (one pass); raises as it does."""
@@ -341,6 +341,7 @@ class ZGTask(luigi.Task):
                     "upstream_builds": {t.uid: (t.record() or {}).get("build") for t in ups}, "files": files}
             if hashes:
                 info["sha256"] = hashes
+            info["record_sha256"] = record_digest(info)
             (tmp / RECORD).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         for name, digest in hashes.items():  # the bytes just hashed: complete() need not read them again
             remember_sha256(self.out_dir / name, digest)

@@ -61,3 +61,14 @@ def _checking_inputs(run):
         return run(self, *args, **kwargs)
     checked_run.checks_inputs = True
     return checked_run
+
+
+def record_digest(rec: dict) -> str:
+    """SHA-256 of a ``task.json`` record's canonical JSON without its own ``record_sha256`` entry:
+    written into the record, so that a changed byte of the record itself (a configuration, a size,
+    a recorded SHA-256) is damage like any other file's."""
+    import hashlib
+
+    from zgcore.hashing import canonical_json
+
+    return hashlib.sha256(canonical_json({k: v for k, v in rec.items() if k != "record_sha256"}).encode()).hexdigest()
