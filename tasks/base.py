@@ -33,7 +33,7 @@ from zgcore.hashing import (
 )
 from zgcore.threads import apply_threads, decoder_params
 
-from .integrity import METADATA_BYTES, DamagedOutputError, OutputUnreadableError, _checking_inputs, record_digest  # noqa: F401
+from .integrity import METADATA_BYTES, DamagedOutputError, OutputUnreadableError, _checking_inputs, record_problem, write_record  # noqa: F401
 
 HIDDEN = ParameterVisibility.HIDDEN  # long configs: kept out of the visualiser's task names
 PROGRESS_INTERVAL_S = 2.0  # seconds between two progress reports to the scheduler
@@ -184,8 +184,8 @@ class ZGTask(luigi.Task):
         now, in full (what a reader asks before it loads). Raises ``OSError`` when the file system
         cannot read a file (that is not damage)."""
         rec = self.record() if rec is None else rec
-        if rec is None or "files" not in rec or rec.get("record_sha256", record_digest(rec)) != record_digest(rec):
-            return f"{RECORD} is missing, unreadable or changed since it was written"
+        if rec is None or "files" not in rec or record_problem(self.out_dir):
+            return record_problem(self.out_dir) or f"{RECORD} is missing or unreadable"
         hashes = rec.get("sha256") or {}
         for name, size in rec["files"].items():
             if names is not None and name not in names:
@@ -341,8 +341,7 @@ class ZGTask(luigi.Task):
                     "upstream_builds": {t.uid: (t.record() or {}).get("build") for t in ups}, "files": files}
             if hashes:
                 info["sha256"] = hashes
-            info["record_sha256"] = record_digest(info)
-            (tmp / RECORD).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+            write_record(tmp, json.dumps(info, indent=2, sort_keys=True) + "\n")
         for name, digest in hashes.items():  # the bytes just hashed: complete() need not read them again
             remember_sha256(self.out_dir / name, digest)
 

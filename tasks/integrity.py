@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from pathlib import Path
 
 # A recorded file up to this size is metadata (records, metrics, reports): complete() compares its
 # SHA-256. A larger one (weights, stores, checkpoints) is bulk: complete() compares its size, and its
@@ -63,12 +64,31 @@ def _checking_inputs(run):
     return checked_run
 
 
-def record_digest(rec: dict) -> str:
-    """SHA-256 of a ``task.json`` record's canonical JSON without its own ``record_sha256`` entry:
-    written into the record, so that a changed byte of the record itself (a configuration, a size,
-    a recorded SHA-256) is damage like any other file's."""
+RECORD_DIGEST = "task.json.sha256"  # beside every task.json: the SHA-256 of its bytes
+
+
+def write_record(folder: Path, text: str) -> None:
+    """Write ``task.json`` (``text``) into ``folder`` and, beside it, the SHA-256 of its bytes
+    (:data:`RECORD_DIGEST`): a changed byte of the record itself (a configuration, a size, a
+    recorded SHA-256, a key) is damage like any other file's."""
     import hashlib
 
-    from zgcore.hashing import canonical_json
+    (folder / "task.json").write_text(text)
+    (folder / RECORD_DIGEST).write_text(hashlib.sha256((folder / "task.json").read_bytes()).hexdigest() + "\n")
 
-    return hashlib.sha256(canonical_json({k: v for k, v in rec.items() if k != "record_sha256"}).encode()).hexdigest()
+
+def record_problem(folder: Path) -> str | None:
+    """``None`` when ``folder``'s ``task.json`` has the bytes :func:`write_record` hashed (or has no
+    digest beside it: written before records carried one), else what is wrong. Raises ``OSError``."""
+    import hashlib
+
+    side = folder / RECORD_DIGEST
+    if not side.is_file():
+        return None
+    try:
+        raw = (folder / "task.json").read_bytes()
+    except FileNotFoundError:
+        return "task.json is missing"
+    if hashlib.sha256(raw).hexdigest() != side.read_text().strip():
+        return f"task.json's bytes differ from the SHA-256 written beside it ({RECORD_DIGEST})"
+    return None
