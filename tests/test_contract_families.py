@@ -303,7 +303,7 @@ def check_flips(graphs: dict[str, list[ZGTask]], families, rng: random.Random, r
             # (an output nothing reads any more, as a finished lr search's candidate score, need not be rebuilt)
             assert (t.task_id in ran or want == {t.task_id}) and ran <= want, \
                 f"task family {fam!r}: the rerun ran {sorted(ran - want)} too, or not {t.title()}"
-        else:
+        if not t.out_dir.exists():  # not rerun, or nothing needed it: put it back as it was
             aside = max(t.out_dir.parent.glob(t.out_dir.name + ".damaged-*"), key=lambda p: p.stat().st_mtime)
             aside.rename(t.out_dir)
             flip(f, at)
