@@ -80,8 +80,8 @@ class ZGTask(luigi.Task):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        run = cls.__dict__.get("run")
-        if run is not None and not getattr(run, "checks_inputs", False):
+        run = getattr(cls, "run", None)  # its own, or a mixin's (an lr search's)
+        if callable(run) and not getattr(run, "checks_inputs", False):
             cls.run = _checking_inputs(run)
 
     @property
