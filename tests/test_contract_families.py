@@ -277,20 +277,21 @@ def find_damage(t: ZGTask, f: Path, graph: list[ZGTask]) -> str:
     return "verify"
 
 
-def check_flips(graphs: dict[str, list[ZGTask]], families, rng: random.Random, rerun=None, rerun_up_to: int = 3) -> dict[str, str]:
+def check_flips(graphs: dict[str, list[ZGTask]], families, rng: random.Random, rerun=None, rerun_up_to: int = 3,
+                pick=None) -> dict[str, str]:
     """For each family, one task and one of its files (seeded sample: its largest file or any), a
     flipped byte: found (:func:`find_damage`), and what the next run would rebuild is that task and
     what read it (the incomplete tasks of its graph), nothing else. Where that is at most
     ``rerun_up_to`` tasks, ``rerun(graph name)`` runs the graph and returns the ids of what ran,
-    which must be those; elsewhere the damaged folder is put back, its byte flipped back. Returns
-    how each damage was found."""
+    which must be those; elsewhere the damaged folder is put back, its byte flipped back. ``pick``:
+    chooses the file instead of the sample. Returns how each damage was found."""
     how = {}
     every = list({t.task_id: t for g in graphs.values() for t in g}.values())  # each graph deps first
     for fam in families:
         name, graph = next((n, g) for n, g in graphs.items() if any(t.get_task_family() == fam for t in g))
         t = next(t for t in graph if t.get_task_family() == fam)
         files = sorted(p for p in t.out_dir.rglob("*") if p.is_file())
-        f = max(files, key=lambda p: p.stat().st_size) if rng.random() < 0.5 else rng.choice(files)
+        f = pick(files) if pick else max(files, key=lambda p: p.stat().st_size) if rng.random() < 0.5 else rng.choice(files)
         at = rng.uniform(0.05, 0.95)
         flip(f, at)
         how[fam] = find_damage(t, f, graph)
@@ -456,7 +457,7 @@ def test_a_broken_dummy_family_fails_each_contract_by_name(tmp_path):
     b = BrokenUnchecked(outputs=str(tmp_path / "b"))
     assert luigi.build([b], local_scheduler=True, log_level="WARNING")
     with pytest.raises(AssertionError, match="task family 'BrokenUnchecked'"):
-        check_flips({"b": [b]}, ["BrokenUnchecked"], random.Random(0))
+        check_flips({"b": [b]}, ["BrokenUnchecked"], random.Random(0), pick=lambda files: b.out_dir / "data.bin")
     # (c) a kill mid-write leaves a partial folder counted as done
     with pytest.raises(AssertionError, match="task family 'BrokenNotAtomic'"):
         check_kill(tmp_path / "c", "BrokenNotAtomic", "BrokenNotAtomic/*/part1.bin", "BrokenNotAtomic(outputs=OUT)", timeout_s=60)
