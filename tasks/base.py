@@ -23,7 +23,7 @@ import luigi
 from luigi.parameter import ParameterVisibility
 from luigi.task import flatten
 
-from zgcore.atomic import atomic_path, remove_stale_temps
+from zgcore.atomic import atomic_path, remove_registered_temps, remove_stale_temps
 from zgcore.device import precision
 from zgcore.hashing import (
     canonical,
@@ -35,15 +35,12 @@ from zgcore.hashing import (
 from zgcore.progress import quiet_library_bars
 from zgcore.threads import apply_threads, decoder_params
 
+from .integrity import METADATA_BYTES, DamagedOutputError, OutputUnreadableError, _checking_inputs, record_problem, write_record  # noqa: F401
+
 HIDDEN = ParameterVisibility.HIDDEN  # long configs: kept out of the visualiser's task names
 PROGRESS_INTERVAL_S = 2.0  # seconds between two progress reports to the scheduler
 RECORD = "task.json"  # in every output folder: identity, files written (with sizes), upstream builds
 _said: set[tuple[str, str]] = set()  # (folder, problem) already logged by complete()
-
-
-class DamagedOutputError(RuntimeError):
-    """A finished task's output file whose bytes are not those recorded when it was written
-    (missing, cut short, or changed); the message names the file and where the folder was moved."""
 
 
 class zerograph(luigi.Config):  # noqa: N801 (Luigi names the section and the flags after the class)
@@ -82,6 +79,12 @@ class ZGTask(luigi.Task):
     # hour) it is disabled. A task that raises is disabled at once by the worker that ran it
     # (workflows/failover.py), so a real error is never retried in a loop.
     retry_count = 3
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        run = getattr(cls, "run", None)  # its own, or a mixin's (an lr search's)
+        if callable(run) and not getattr(run, "checks_inputs", False):
+            cls.run = _checking_inputs(run)
 
     @property
     def resources(self) -> dict[str, int]:
@@ -172,15 +175,19 @@ class ZGTask(luigi.Task):
         except (OSError, ValueError):
             return None
 
-    def content_problem(self, rec: dict[str, Any] | None = None, names: Any = None) -> str | None:
+    def content_problem(self, rec: dict[str, Any] | None = None, names: Any = None, deep: bool = False) -> str | None:
         """``None`` when every file ``task.json`` records (or those of ``names``) is present with its
-        recorded size and, where recorded (``sha256``: every output written since content hashes
-        were added, unless :attr:`content_hashes` is off), its recorded SHA-256; else what is wrong.
-        Each file is hashed once per process and version of it (:func:`zgcore.hashing.file_sha256_cached`).
-        Raises ``OSError`` when the file system cannot read a file (that is not damage)."""
+        recorded size and, where a SHA-256 is recorded (every output written since content hashes
+        were added, unless :attr:`content_hashes` is off), its recorded content; else what is wrong.
+
+        Without ``deep`` (what :meth:`complete` asks) only metadata-scale files (up to
+        :data:`METADATA_BYTES`) are hashed, each once per process and version of it
+        (:func:`zgcore.hashing.file_sha256_cached`); with ``deep`` every recorded file is hashed
+        now, in full (what a reader asks before it loads). Raises ``OSError`` when the file system
+        cannot read a file (that is not damage)."""
         rec = self.record() if rec is None else rec
-        if rec is None or "files" not in rec:
-            return f"{RECORD} is missing or unreadable"
+        if rec is None or "files" not in rec or record_problem(self.out_dir):
+            return record_problem(self.out_dir) or f"{RECORD} is missing or unreadable"
         hashes = rec.get("sha256") or {}
         for name, size in rec["files"].items():
             if names is not None and name not in names:
@@ -190,24 +197,64 @@ class ZGTask(luigi.Task):
                 return f"{name} is missing"
             if f.stat().st_size != size:
                 return f"{name} has {f.stat().st_size} bytes, {size} when written"
-            if name in hashes and file_sha256_cached(f) != hashes[name]:
+            if name not in hashes:
+                continue
+            if deep:
+                digest = file_sha256(f)
+                remember_sha256(f, digest)
+            elif size <= METADATA_BYTES:
+                digest = file_sha256_cached(f)
+            else:
+                continue
+            if digest != hashes[name]:
                 return f"{name}'s bytes differ from the SHA-256 recorded when it was written"
         return None
 
+    def bulk_files(self, rec: dict[str, Any] | None = None) -> list[str]:
+        """The recorded files with a SHA-256 that :meth:`complete` checks by size only (larger than
+        :data:`METADATA_BYTES`): what :meth:`check_inputs` and :meth:`checked` hash in full."""
+        rec = self.record() if rec is None else rec
+        if not rec:
+            return []
+        return [n for n, size in rec.get("files", {}).items() if n in (rec.get("sha256") or {}) and size > METADATA_BYTES]
+
     def checked(self, name: str) -> Path:
-        """``out_dir / name`` once its bytes match the SHA-256 recorded when it was written: what a
-        consumer calls before it loads a file of this task's output.
+        """``out_dir / name`` once its bytes match the SHA-256 recorded when it was written, hashed
+        now in full (not through the per-process cache: a long-lived worker sees a corruption that
+        kept the file's size and modification time): what a consumer calls before it loads a file
+        of this task's output.
 
         Raises:
             DamagedOutputError: the file is missing, cut short or its content changed; the whole
                 output folder is moved aside (``<folder>.damaged-<time>-<id>``) so that the next
                 run rebuilds this task (and only it, of its kind)."""
-        problem = self.content_problem(names={name})
+        problem = self.content_problem(names={name}, deep=True)
         if problem:
             moved = self.move_aside("damaged")
             raise DamagedOutputError(f"{self.title()}: {self.out_dir / name}: {problem}; "
                                      f"moved the output aside to {moved}, the next run rebuilds it")
         return self.out_dir / name
+
+    def check_inputs(self) -> None:
+        """Before this task's run reads anything: hash in full, uncached, every recorded file of
+        every output it reads (:meth:`read_upstream`): the bulk files (:meth:`bulk_files`) that
+        :meth:`complete` checked by size only, and the metadata-scale ones it took from a long-lived
+        process's cache. Every family's ``run`` calls it first (wrapped when the class is defined).
+
+        Raises:
+            DamagedOutputError: one line naming the file; that input is moved aside, the next run rebuilds it."""
+        for t in self.read_upstream():
+            rec = t.record() if t.out_dir.is_dir() else None
+            if rec and rec.get("sha256"):
+                t.checked_all(rec["sha256"])
+
+    def checked_all(self, names: Any) -> None:
+        """:meth:`checked` for each of ``names`` (one pass); raises as it does."""
+        problem = self.content_problem(names=set(names), deep=True)
+        if problem:
+            moved = self.move_aside("damaged")
+            raise DamagedOutputError(f"{self.title()}: {self.out_dir}: {problem}; "
+                                     f"moved the output aside to {moved}, the next run rebuilds it")
 
     def move_aside(self, kind: str) -> Path:
         """Rename the output folder to ``<folder>.<kind>-<time>-<id>`` (kept for inspection, never
@@ -238,10 +285,21 @@ class ZGTask(luigi.Task):
 
     def complete(self) -> bool:
         """Done when the output folder exists and passes :meth:`check_output`; a folder that fails
-        is reported and rebuilt (the old one is moved aside, never deleted)."""
+        is reported and rebuilt (the old one is moved aside, never deleted). Reads metadata only:
+        ``task.json``, the files' sizes, metadata-scale files' content and what :meth:`verify` reads.
+
+        Raises:
+            OutputUnreadableError: the file system could not read the output (an ``OSError`` with an
+                errno): one line naming the task and the error; nothing is moved."""
         if not self.out_dir.is_dir():
             return False
-        problem = self.check_output()
+        try:
+            problem = self.check_output()
+        except OSError as e:
+            if e.errno is None:
+                raise
+            raise OutputUnreadableError(f"{self.title()}: {self.out_dir} could not be read ({e}); it is kept: "
+                                        f"rerun when the file system answers again") from e
         if problem:
             if (str(self.out_dir), problem[1]) not in _said:
                 _said.add((str(self.out_dir), problem[1]))
@@ -251,13 +309,15 @@ class ZGTask(luigi.Task):
 
     def remove_leftovers(self) -> list[Path]:
         """Remove what writers of this task that no longer exist left behind
-        (:func:`zgcore.atomic.remove_stale_temps`): temporary output folders beside :attr:`out_dir`
-        and temporary files in its ``.partial`` work folder (a checkpoint cut off mid-write). Run at
+        (:func:`zgcore.atomic.remove_stale_temps`): temporary output folders beside :attr:`out_dir`,
+        temporary files in its ``.partial`` work folder (a checkpoint cut off mid-write) and those in
+        every registered temp root (:data:`zgcore.atomic.TEMP_ROOTS`, e.g. the teacher cache). Run at
         the start of every run of the task; returns what was removed."""
         removed = remove_stale_temps(self.out_dir.parent, self.out_dir.name)
         work = self.out_dir.with_name(self.out_dir.name + ".partial")
         if work.is_dir():
             removed += remove_stale_temps(work)
+        removed += remove_registered_temps(self.outputs)  # caches outside task folders (zgcore.atomic.TEMP_ROOTS)
         for p in removed:
             self.log(f"removed {p}, left by a writer that no longer runs")
         return removed
@@ -283,7 +343,7 @@ class ZGTask(luigi.Task):
                     "upstream_builds": {t.uid: (t.record() or {}).get("build") for t in ups}, "files": files}
             if hashes:
                 info["sha256"] = hashes
-            (tmp / RECORD).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+            write_record(tmp, json.dumps(info, indent=2, sort_keys=True) + "\n")
         for name, digest in hashes.items():  # the bytes just hashed: complete() need not read them again
             remember_sha256(self.out_dir / name, digest)
 

@@ -43,7 +43,13 @@ class TeacherLogits(_LogitTask, _ShardTask):
     :class:`~tasks.cache.BoundaryShard` (``boundary.shard_sequences``)."""
 
     # 2: store format 5 records (each file's data range and the SHA-256 of its other bytes, checked at open)
-    code_version = 2
+    # 3: no SHA-256 of b0.h5 in task.json (its own checks, below)
+    code_version = 3
+    # its file carries its own checks (an xxh3_64 per sequence checked on every read, the SHA-256 of
+    # its bytes outside the sequence data checked at open, the whole file's SHA-256 in shard.json for
+    # `zerograph verify`), as the boundary shards' do: hashing it in every complete() would read the
+    # whole store in every worker
+    content_hashes = False
 
     def own_config(self):
         # neither boundary.batch_size (the teacher runs one sequence at a time) nor teacher_dtype (always float32)

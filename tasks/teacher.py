@@ -11,11 +11,15 @@ import luigi
 
 from zgcore.data import corpus
 from zgcore.models import teacher as zteacher
-from zgcore.atomic import write_json
+from zgcore.atomic import register_temp_root, write_json
 from zgcore.config.experiment import corpus_files
 from zgcore.data.sources import stdlib_root
 
 from .base import HIDDEN, ZGTask
+
+# the teacher cache (zgcore.models.teacher.materialise: built tiny teachers, the fetched GGUF) lies
+# outside every task folder: every task's start sweeps it for a killed writer's temporaries
+TEACHER_CACHE = register_temp_root("teachers")
 
 
 def path_stamp(spec: str) -> list | None:

@@ -27,10 +27,10 @@ Checker = Callable[[Sequence["ZGTask"]], list[Item]]
 
 
 def boundary_stores(tasks: Sequence[ZGTask]) -> list[Item]:
-    """Every shard of every boundary store among ``tasks`` (the shards a join's manifest lists, and
+    """Every shard of every boundary store and top-k logit store among ``tasks`` (the shards a join's manifest lists, and
     built shards not yet joined), each file against its whole-file SHA-256; and each join's
     statistics files. A shard shared by several joins is checked once."""
-    from tasks.cache import BoundaryShard, TeacherBoundary
+    from tasks.cache import _JoinTask as TeacherBoundary, _ShardTask as BoundaryShard  # boundary and top-k logit stores
     from zgcore.data.boundary_store import MANIFEST, SHARD_FILE, read_shard_record
     from zgcore.data.boundary_store.integrity import check_shard, check_stats, store_shards
 

@@ -125,16 +125,54 @@ def remove_stale_temps(folder: str | os.PathLike, prefix: str | None = None,
     return removed
 
 
+# Folders, relative to the outputs root, where code writes temporaries outside a task's own folder
+# and its work folder (e.g. the teacher cache, ``teachers``): every task sweeps them for dead
+# writers' leftovers when it starts (:func:`remove_registered_temps`). A module that writes under a
+# new such folder registers it when imported (:func:`register_temp_root`).
+TEMP_ROOTS: list[str] = []
+
+
+def register_temp_root(relative: str) -> str:
+    """Declare ``relative`` (a folder under the outputs root, e.g. ``"teachers"``) as a place where
+    temporaries are written; returns it. Idempotent. Raises ``ValueError`` for an absolute path or
+    one that leaves the outputs root."""
+    rel = Path(relative)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise ValueError(f"a temp root is a folder below the outputs root, got {relative!r}")
+    if str(rel) not in TEMP_ROOTS:
+        TEMP_ROOTS.append(str(rel))
+    return str(rel)
+
+
+def remove_registered_temps(outputs: str | os.PathLike, max_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the stale temporaries (:func:`is_stale`) in every registered temp root under
+    ``outputs`` and in each folder directly below it (a cache keeps one folder per entry); returns them."""
+    removed: list[Path] = []
+    for rel in TEMP_ROOTS:
+        root = Path(outputs) / rel
+        removed += remove_stale_temps(root, max_age_s=max_age_s)
+        try:
+            subs = [p for p in root.iterdir() if p.is_dir() and temp_writer(p.name) is None]
+        except OSError:
+            continue
+        for sub in subs:
+            removed += remove_stale_temps(sub, max_age_s=max_age_s)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path; on success rename it to ``path``, on error remove it.
 
-    Works for files and folders; the result gets the umask's permissions (:func:`umask_permissions`).
-    Raises ``FileExistsError`` if ``path`` is a non-empty folder created meanwhile by someone else
-    (the other writer wins; nothing is overwritten).
+    Before it starts, the temporaries of ``path``'s own name whose writers died
+    (:func:`remove_stale_temps`) are removed: whoever writes a path again cleans up after a killed
+    writer of it, wherever that path is. Works for files and folders; the result gets the umask's
+    permissions (:func:`umask_permissions`). Raises ``FileExistsError`` if ``path`` is a non-empty
+    folder created meanwhile by someone else (the other writer wins; nothing is overwritten).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path.parent, path.name)
     tmp = tmp_sibling(path)
     try:
         yield tmp

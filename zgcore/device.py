@@ -52,3 +52,18 @@ def autocast(device: torch.device | str):
     if dev.type == "cuda":
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """The one way a batch reaches the training device. On CUDA: from page-locked memory (``t`` as
+    it is when already pinned, e.g. read straight into pinned memory by the input pipeline, else a
+    pinned copy made here) with a ``non_blocking`` copy, so that the host queues the next step while
+    the device computes this one. Elsewhere (CPU) a plain ``.to``; a tensor already on ``device``
+    is returned as it is. The bytes and dtype are those of ``t`` (widen 16-bit boundaries with
+    ``.float()`` afterwards, on the device). Raises as ``Tensor.to``."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and t.device.type == "cpu":
+        return (t if t.is_pinned() else t.pin_memory()).to(dev, non_blocking=True)
+    return t.to(dev)

@@ -222,9 +222,3 @@ def block_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
     return prefetch(partial(store_batches, str(reader.root), b_in, b_out, n, seed, batch_size, start, steps,
                             pin_memory=in_reader), ahead, pin_memory and not in_reader, workers, mode)
 
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device``: an asynchronous copy (``non_blocking``) from page-locked memory to a
-    CUDA device, a plain ``.to`` otherwise. The bytes and dtype are those of ``t`` either way
-    (widen 16-bit boundaries with ``.float()`` afterwards, on the device)."""
-    return t.to(device, non_blocking=device.type == "cuda" and t.is_pinned())

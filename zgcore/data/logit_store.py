@@ -65,14 +65,18 @@ def teacher_targets(logits: torch.Tensor, k: int, temperature: float) -> tuple[t
 
     Returns:
         ``(ids, logp, rest)``: int64 ``[..., k]`` (most probable first), float32 ``[..., k]``
-        (``log p_i`` at ``T``), float32 ``[...]`` (``log p_R``, floored at :data:`REST_FLOOR`).
+        (``log p_i`` at ``T``), float32 ``[...]`` (``log p_R``, floored at :data:`REST_FLOOR`),
+        on the logits' device.
 
     Raises:
-        ValueError: ``k`` outside ``1 .. vocab - 1``.
+        ValueError: ``k`` outside ``1 .. vocab - 1``, or a vocabulary whose ids cannot be stored
+            (above :data:`MAX_ID` + 1 tokens). Judged from shapes: nothing is read back from the device.
     """
     v = logits.shape[-1]
     if not 1 <= int(k) < v:
         raise ValueError(f"top_k must be in 1..{v - 1} (the vocabulary has {v} tokens), got {k}")
+    if v - 1 > MAX_ID:
+        raise ValueError(f"token ids must lie in 0..{MAX_ID} to be stored; the vocabulary has {v} tokens")
     z = logits.float() / temperature
     lse = torch.logsumexp(z, -1)
     vals, ids = torch.topk(z, int(k), -1)
@@ -80,10 +84,17 @@ def teacher_targets(logits: torch.Tensor, k: int, temperature: float) -> tuple[t
     return ids, vals - lse.unsqueeze(-1), rest.clamp_min(REST_FLOOR)
 
 
-def pack(ids: torch.Tensor, logp: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+def pack(ids: torch.Tensor, logp: torch.Tensor, rest: torch.Tensor, vocab: int | None = None) -> torch.Tensor:
     """The record of :func:`teacher_targets`' output: float32 ``[..., 2k + 1]`` (see the module).
-    Raises ``ValueError`` for an id outside ``0 .. MAX_ID``."""
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) > MAX_ID):
+
+    ``vocab``: the size of the vocabulary the ids index (what :func:`teacher_targets` gives: ids
+    below it by construction): checked against :data:`MAX_ID` from the number alone, so packing
+    ids on a device never waits for it. Without it the ids themselves are checked, which reads two
+    values back from their device. Raises ``ValueError`` for an id outside ``0 .. MAX_ID``."""
+    if vocab is not None:
+        if int(vocab) - 1 > MAX_ID:
+            raise ValueError(f"token ids must lie in 0..{MAX_ID} to be stored; the vocabulary has {vocab} tokens")
+    elif ids.numel() and (int(ids.min()) < 0 or int(ids.max()) > MAX_ID):
         raise ValueError(f"token ids must lie in 0..{MAX_ID} to be stored, got {int(ids.min())}..{int(ids.max())}")
     return torch.cat([ids.to(torch.int32).contiguous().view(torch.float32), logp.float(), rest.float().unsqueeze(-1)], -1)
 
@@ -100,14 +111,15 @@ def unpack(rec: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch
 @torch.no_grad()
 def online_targets(teacher: torch.nn.Module, ids: torch.Tensor, k: int, temperature: float) -> torch.Tensor:
     """The teacher's top-``k`` records (:func:`pack`) for token ids ``[B, S]`` (int64): float32
-    ``[B, S, 2k + 1]`` on the CPU. The teacher (a causal LM, eval) runs one sequence at a time, so
-    that a sequence's targets are the same bits whichever batch it comes in (a matrix product's
-    rounding may depend on how many rows it has): the store and online top-k targets agree bitwise.
-    Raises ``ValueError`` for ``k`` outside ``1 .. vocab - 1``."""
+    ``[B, S, 2k + 1]`` on the teacher's device (nothing read back: the training step keeps them
+    there; the store's writer copies them to the CPU). The teacher (a causal LM, eval) runs one
+    sequence at a time, so that a sequence's targets are the same bits whichever batch it comes in
+    (a matrix product's rounding may depend on how many rows it has): the store and online top-k
+    targets agree bitwise. Raises ``ValueError`` for ``k`` outside ``1 .. vocab - 1``."""
     out = []
     for i in range(ids.shape[0]):
         logits = teacher(input_ids=ids[i: i + 1], use_cache=False).logits
-        out.append(pack(*teacher_targets(logits, k, temperature)).cpu())
+        out.append(pack(*teacher_targets(logits, k, temperature), vocab=logits.shape[-1]))
     return torch.cat(out)
 
 
@@ -130,7 +142,7 @@ def write_logit_shard(folder: str | Path, teacher: torch.nn.Module, rows: np.nda
     non-finite target, ``ValueError`` for a bad ``k``."""
     return write_shard(folder, teacher, rows, split, lo, [LOGITS], "float32", batch_size,
                        {**extra, **store_extra(k, temperature)}, progress=progress, peak_rss=peak_rss, desc=desc,
-                       capture=lambda ids: {LOGITS: online_targets(teacher, ids, k, temperature)}, width=record_width(k))
+                       capture=lambda ids: {LOGITS: online_targets(teacher, ids, k, temperature).cpu()}, width=record_width(k))
 
 
 def open_store(path: str | Path, k: int, temperature: float, expect: Mapping[str, Any] | None = None,

@@ -195,16 +195,17 @@ class LocalLM(nn.Module):
             return [self.model.lm_head(self.model.model.norm(h))]
         return self.heads[j](h, ctx)
 
-    def block_loss(self, j: int, h: torch.Tensor, ids: torch.Tensor, ctx: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+    def block_loss(self, j: int, h: torch.Tensor, ids: torch.Tensor, ctx: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Block ``j``'s local loss (nats/token) from its output ``h``: next-token CE, plus
         ``mtp_weight * mean_k CE_k`` over offsets ``k = 2..n`` at an MTP boundary.
-        Returns ``(loss, {"ce": ..., "mtp": ...})``."""
+        Returns ``(loss, {"ce": ..., "mtp": ...})``, the terms as detached 0-dim tensors on the
+        model's device (read back by the training loop with the others, not one by one)."""
         logits = self.boundary_logits(j, h, ctx)
         ce = shifted_ce(logits[0], ids, 1)
-        info = {"ce": float(ce.detach())}
+        info = {"ce": ce.detach()}
         if len(logits) > 1:
             mtp = torch.stack([shifted_ce(lg, ids, k) for k, lg in enumerate(logits[1:], start=2)]).mean()
-            info["mtp"] = float(mtp.detach())
+            info["mtp"] = mtp.detach()
             return ce + self.mtp_weight * mtp, info
         return ce, info
 

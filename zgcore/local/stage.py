@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zgcore.atomic import write_json
-from zgcore.data.feed import to_device
+from zgcore.device import to_device
 from zgcore.training.blocks import block_seed
 from zgcore.training.loop import CKPT, NonFiniteError, TrainLoop
 from .model import build_local

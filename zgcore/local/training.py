@@ -14,6 +14,7 @@ import torch
 
 from zgcore.checks import ConfigError
 from zgcore.data.order import data_order
+from zgcore.device import to_device
 from zgcore.training.loop import StepInfo, TrainLoop
 from zgcore.training.memory import measure_peak
 from zgcore.evaluation.metrics import cross_entropies
@@ -123,7 +124,7 @@ def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], dev
     seq_len = train_tokens.shape[1]
     steps = steps_for(t, seq_len)
     bsz, data_seed = int(t["batch_size"]), int(t["data_seed"])
-    first = torch.as_tensor(train_tokens[batch_indices(len(train_tokens), bsz, data_seed, 0)], device=device)
+    first = to_device(torch.as_tensor(train_tokens[batch_indices(len(train_tokens), bsz, data_seed, 0)]), device)
     if t["execution"] not in STEPS:
         raise ConfigError(f"train_local runs train.execution in {tuple(STEPS)}; {t['execution']!r} runs through "
                           f"zgcore.local.pipeline.train_pipeline")
@@ -138,7 +139,7 @@ def train_local(lm: LocalLM, train_tokens: np.ndarray, t: Mapping[str, Any], dev
             batch = np.ascontiguousarray(train_tokens[batch_indices(len(train_tokens), bsz, data_seed, step)], dtype=np.int64)
             sha.update(batch.tobytes())
             if step >= start:
-                yield torch.as_tensor(batch, device=device)
+                yield to_device(torch.from_numpy(batch), device)
 
     def one_step(ids: torch.Tensor, step: int) -> list[float]:
         infos = step_fn(lm, ids, loop, step)
@@ -168,3 +169,33 @@ def evaluate_local(lm: LocalLM, tokens: np.ndarray, batch_size: int = 16) -> dic
         return [lm.boundary_logits(j, h, ctx)[0] for j, h, _loss, _info in lm.blocks(ids, ctx, losses=False)]
     ce = cross_entropies(logits_of, tokens, batch_size, device, desc="CE per boundary")
     return {"boundary_ce": ce, "final_ce": ce[-1]}
+
+
+def _smoke(folder: Path, settings: Mapping[str, Any], execution: str = "together") -> dict[str, Any]:
+    """A training path's seconds-long run (:mod:`zgcore.training.paths`): a K = 2 local-learning
+    Llama (4 layers of width 32, MLP aux heads) on 24 random sequences of 16 tokens."""
+    from .config import LOCAL_DEFAULTS, normalise_run
+    from .model import build_local
+
+    steps = int(settings["max_steps"])
+    train = {**LOCAL_DEFAULTS["train"], "token_budget": steps * 4 * 16, "batch_size": 4, "lr": 3e-3, "warmup_steps": 1,
+             "seed": 0, "data_seed": 0, "execution": execution}
+    loc = {**LOCAL_DEFAULTS["local"], "K": 2, "aux": "mlp", "mtp_boundaries": [], "mtp_n": 2}
+    model = {"n_layers": 4, "hidden_size": 32, "intermediate_size": 64, "n_heads": 4, "n_kv_heads": 2,
+             "rope_theta": 10000.0, "vocab": "compact"}
+    run = normalise_run({"model": model, "train": train, "local": loc})
+    t = {**run["train"], **{k: settings[k] for k in ("log_every", "checkpoint_every") if k in settings}}
+    data = np.random.default_rng(1).integers(0, 50, size=(24, 16)).astype(np.int64)
+    return train_local(build_local(run, 50, 16), data, t, work=folder / "work", run_hash="smoke")
+
+
+def _register() -> None:
+    from functools import partial
+
+    from zgcore.training.paths import register_path
+
+    for mode in ONE_PROCESS:  # the pipeline's stages run this module's TrainLoop in processes of their own
+        register_path(f"local/{mode}", __name__, partial(_smoke, execution=mode))
+
+
+_register()

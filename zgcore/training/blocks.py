@@ -18,9 +18,9 @@ from safetensors.torch import save_file
 
 from zgcore.atomic import atomic_path
 from zgcore.data.boundary_store import BoundaryReader
-from zgcore.device import autocast
+from zgcore.device import autocast, to_device
 from zgcore.models.mixers import WINDOWED
-from zgcore.data.feed import block_batches, to_device
+from zgcore.data.feed import block_batches
 from zgcore.data.order import data_order
 from zgcore.training.loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, load_checkpoint, lr_at  # noqa: F401 (re-exported)
 from zgcore.training.loop import StepInfo, loss_metrics, state_digest  # noqa: F401 (state_digest re-exported)
@@ -189,7 +189,7 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
                                               ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
             ids = torch.as_tensor(tokens[np.asarray(idx)]) if active else None
             if ids is not None:  # page-locked on CUDA: the copy does not wait for the previous step
-                ids = to_device(ids.pin_memory() if device.type == "cuda" else ids, device)
+                ids = to_device(ids, device)
             yield inp, target, ids
 
     def step_fn(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], step: int) -> list[torch.Tensor]:
@@ -254,3 +254,29 @@ def save_weights(path: Path, state_dict: dict[str, torch.Tensor]) -> None:
     """Save layer weights (e.g. ``StudentBlock.layer_state_dict()``) as safetensors, atomically."""
     with atomic_path(path) as tmp:
         save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp))
+
+
+def _smoke(folder: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The training path's seconds-long run (:mod:`zgcore.training.paths`): block 0 -> 2 of a tiny
+    random Llama, from a boundary store of 16 sequences, noisy objective."""
+    from zgcore.data.boundary_store import build_store
+    from zgcore.models.adapters import build_block
+    from zgcore.training.paths import smoke_settings, tiny_teacher
+
+    model = tiny_teacher(folder)
+    rng = np.random.default_rng(0)
+    tokens = {"train": rng.integers(0, 256, (16, 16)).astype(np.int32), "val": rng.integers(0, 256, (4, 16)).astype(np.int32)}
+    build_store(folder / "store", model, tokens, [0, 2], "float32", 4, {}, log=lambda m: None)
+    t = smoke_settings({"objective": "noisy", "noise": 0.1, "loss_norm": "channel", "lr": 1e-3, "weight_decay": 0.0,
+                        "grad_clip": 1.0, "warmup_steps": 2, "epochs": 1, "batch_size": 4, "prefetch": 0}, settings)
+    with BoundaryReader(folder / "store") as r:
+        return train_block(build_block(model, [0, 1], "teacher", 3), r, 0, 2, t, 3, folder / "work", "smoke")
+
+
+def _register() -> None:
+    from zgcore.training.paths import register_path
+
+    register_path("block", __name__, _smoke)
+
+
+_register()

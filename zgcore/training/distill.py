@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from zgcore.device import autocast
-from zgcore.data.feed import block_batches, to_device
+from zgcore.device import autocast, to_device
+from zgcore.data.feed import block_batches
 from zgcore.data.logit_store import LOGITS, online_targets, open_store, unpack
 from zgcore.data.order import data_order
 from zgcore.models.shapes import check_one_width
@@ -30,11 +30,6 @@ from zgcore.training.objectives import regression_loss
 from zgcore.training.topk import topk_kd_loss
 
 STORE_AHEAD = 2  # batches of records read ahead of the step by the input pipeline's worker thread
-
-def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` (on the CPU) on ``device``: on CUDA through page-locked memory with ``non_blocking``,
-    so that the copy does not wait for the step before it to finish."""
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -213,19 +208,21 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: n
 
     def batches(step: int) -> Iterator[torch.Tensor]:
         if reader is not None:  # (step, idx, records, None), read ahead by a worker thread
-            yield from block_batches(reader, LOGITS, None, n, seed, bs, step, steps, STORE_AHEAD)
+            # on CUDA the worker reads the records straight into page-locked memory (no pageable copy)
+            yield from block_batches(reader, LOGITS, None, n, seed, bs, step, steps, STORE_AHEAD,
+                                     pin_memory=device.type == "cuda")
             return
         while True:
             epoch, k = divmod(step, per_epoch)
             order = data_order(n, seed, epoch)
             for kb in range(k, per_epoch):
-                yield _to(torch.as_tensor(tokens[order[kb * bs: (kb + 1) * bs]], dtype=torch.long), device)
+                yield to_device(torch.as_tensor(tokens[order[kb * bs: (kb + 1) * bs]], dtype=torch.long), device)
                 step += 1
 
     def step_fn(batch, step: int) -> list[torch.Tensor]:
         if reader is not None:
             _, idx, rec, _ = batch
-            ids = _to(torch.as_tensor(tokens[idx], dtype=torch.long), device)
+            ids = to_device(torch.as_tensor(tokens[idx], dtype=torch.long), device)
         else:
             ids, rec = batch, None
         t_hidden = {}
@@ -270,3 +267,46 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: n
     return {**loss_metrics(m, columns), "tokens_seen": steps * bs * int(tokens.shape[1])}
 
 
+
+
+def _smoke(folder: Path, settings: Mapping[str, Any], top_k: int = 0, cached: bool = False, hidden: float = 0.0,
+           section: str = "distill") -> dict[str, Any]:
+    """A training path's seconds-long run (:mod:`zgcore.training.paths`): a tiny random Llama
+    distilled into a copy of itself on 16 random sequences of 16 tokens."""
+    import copy
+
+    from zgcore.data.boundary_store import join_shards
+    from zgcore.data.logit_store import store_extra, write_logit_shard
+    from zgcore.training.paths import smoke_settings, tiny_teacher
+
+    teacher = tiny_teacher(folder)
+    student = copy.deepcopy(teacher)
+    rng = np.random.default_rng(0)
+    tokens = {"train": rng.integers(0, 256, (16, 16)).astype(np.int64), "val": rng.integers(0, 256, (4, 16)).astype(np.int64)}
+    h = smoke_settings({"lr": 1e-3, "batch_size": 4, "temperature": 1.0, "top_k": top_k, "hidden_weight": hidden,
+                        "warmup_steps": 0, "weight_decay": 0.0, "grad_clip": 1.0}, settings)
+    store = None
+    if cached:
+        store, extra = folder / "logits", store_extra(top_k, 1.0)
+        store.mkdir()
+        for split in ("train", "val"):
+            (folder / split).mkdir()
+            write_logit_shard(folder / split, teacher, tokens[split], split, 0, top_k, 1.0, 4, extra)
+        join_shards(store, [folder / "train", folder / "val"], {s: len(v) for s, v in tokens.items()}, extra)
+    pairs = [(1, 1)] if hidden else []
+    return distill(student, None if cached else teacher, tokens["train"], h, int(h["max_steps"]), 0, folder / "work",
+                   "smoke", pairs=pairs, section=section, store=store)
+
+
+def _register() -> None:
+    from functools import partial
+
+    from zgcore.training.paths import register_path
+
+    register_path("heal", __name__, partial(_smoke, hidden=0.5, section="heal"))
+    register_path("distill/full vocabulary", __name__, _smoke)
+    register_path("distill/top-k online", __name__, partial(_smoke, top_k=8))
+    register_path("distill/top-k cached", __name__, partial(_smoke, top_k=8, cached=True))
+
+
+_register()
