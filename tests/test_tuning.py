@@ -73,7 +73,7 @@ def test_a_diverging_lr_loses_and_the_study_goes_on(tmp_path):
     assert "1e+09: diverged" in md and "| 1e+09 (" in md
     # the diverged candidate's whole output is a small record
     pre = [t for t in tasks if t.get_task_family() == "PretrainLocal" and float(t.setup["train"]["lr"]) == 1e9]
-    assert pre and all(sorted(p.name for p in t.out_dir.iterdir()) == ["diverged.json", "task.json"] for t in pre)
+    assert pre and all(sorted(p.name for p in t.out_dir.iterdir()) == ["diverged.json", "task.json", "task.json.sha256"] for t in pre)
 
 
 def test_the_issues_command_with_the_default_search_also_survives_divergence(tmp_path):
