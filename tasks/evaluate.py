@@ -105,7 +105,9 @@ class Evaluate(_StudentTask):
         extra, extra_scores = [], {}
         for tasks in req.get("extra", []):
             es = read_scores(tasks)
-            part = scores_part({k: es[k]["ce"][k] for k in MODELS}, es["teacher"]["rows"])
+            ex_docs = es["teacher"].get("documents")
+            part = scores_part({k: es[k]["ce"][k] for k in MODELS}, es["teacher"]["rows"],
+                               None if ex_docs is None else as_ints(ex_docs))
             extra_scores[es["teacher"]["name"]] = part
             extra.append(extra_entry(es["teacher"], part))
         blocks = [json.loads((t.out_dir / "metrics.json").read_text()) for t in req["blocks"]]

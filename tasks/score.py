@@ -113,7 +113,9 @@ class _Score(_TeacherTask):
         data = self.data_task()
         if self.held_out:
             rows = read_held_out(data)
-            return rows, metrics.eval_subset(len(rows), int(self.eval["max_sequences"]), int(self.eval["subset_seed"])), None
+            idx = metrics.eval_subset(len(rows), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
+            row_docs = json.loads((data.out_dir / "meta.json").read_text()).get("row_documents")
+            return rows, idx, None if row_docs is None else np.asarray(row_docs, dtype=np.int64)[idx]
         val = corpus.read_tokens(data.out_dir / "tokens.h5", "val")
         if self.rows == "tune":
             from .search import tune_rows

@@ -155,17 +155,24 @@ def test_every_training_path_keeps_the_contract(name, contract, tmp_path):
     CONTRACTS[contract](PATHS[name], tmp_path)
 
 
+# Training loops that run in processes of their own, which this file's in-process shims cannot count yet:
+# a known gap, named here so that no other module can join it silently.
+OUT_OF_PROCESS = {"zgcore.local.stage": "a pipeline stage (train.execution = 'pipeline'): one process per block; "
+                                        "it runs TrainLoop and zgcore.device.to_device like the one-process paths"}
+
+
 def test_the_registry_holds_every_training_path():
     """Block training, healing, end-to-end distillation (full vocabulary, top-k online and cached) and
     local learning in each execution mode; and every module that builds a TrainLoop registered one."""
-    from zgcore.local.config import EXECUTIONS
+    from zgcore.local.config import ONE_PROCESS
 
     assert {"block", "heal", "distill/full vocabulary", "distill/top-k online", "distill/top-k cached"} <= set(PATH_NAMES)
-    assert {f"local/{m}" for m in EXECUTIONS} <= set(PATH_NAMES)
+    assert {f"local/{m}" for m in ONE_PROCESS} <= set(PATH_NAMES)
     builders = set()
     for f in [*(ROOT / "zgcore").rglob("*.py"), *(ROOT / "tasks").rglob("*.py")]:
         if re.search(r"\bTrainLoop\(", f.read_text()) and f.name != "loop.py":
             builders.add(".".join(f.relative_to(ROOT).with_suffix("").parts))
+    builders -= set(OUT_OF_PROCESS)
     assert builders and builders <= {p.module for p in PATHS.values()}, builders - {p.module for p in PATHS.values()}
 
 
