@@ -287,9 +287,12 @@ def test_a_bfloat16_teacher_builds_its_own_cache_close_to_float32(tmp_path, run_
     assert not torch.equal(a, b) and ((a - b).norm() / a.norm()) < 0.05  # run in bf16: close, not equal
 
 
-def test_a_shard_build_shows_a_progress_bar_of_sequences(tmp_path, capsys):
-    """A teacher pass over a shard is the long part of a cache build: it shows a bar counting sequences."""
+def test_a_shard_build_shows_a_progress_bar_of_sequences(tmp_path, capsys, monkeypatch):
+    """A teacher pass over a shard is the long part of a cache build: it shows a bar counting sequences
+    (the bar a terminal gets: ``ZG_PROGRESS=bar``; a log file gets a line per tenth, zgcore/progress.py)."""
     from zgcore.data.boundary_store import write_shard
+
+    monkeypatch.setenv("ZG_PROGRESS", "bar")
     from zgcore.models.teacher import load, materialise
 
     rec = materialise("tiny-qwen2", outputs=tmp_path)
