@@ -98,8 +98,10 @@ def test_a_failed_task_stops_every_waiting_worker(tmp_path, luigid):
 
     cfg = tiny_cfg() + " device=cuda:7"  # fails inside BoundaryShard.run: no such device here
     codes, logs = run_workers(tmp_path, tmp_path / "out", luigid, cfg=cfg, timeout=120)
-    # the other worker: 10, or 25 if it reached the scheduler only after the task was disabled
-    assert codes.count(30) == 1 and set(codes) - {30} <= {10, 25}, codes
+    # every task on the device fails (BoundaryShard, and the teacher's and untrained student's scoring, which
+    # can run beside it): a worker exits 30 when a task it ran failed, else 10, or 25 if it reached the
+    # scheduler only after the task was disabled; none waits for a retry (run_workers' timeout)
+    assert codes.count(30) >= 1 and set(codes) - {30} <= {10, 25}, codes
     assert "cuda:7" in "".join(logs)
     r = CliRunner().invoke(app, ["status", "--preset", "", "--set", cfg, "--outputs", str(tmp_path / "out")])
     assert r.exit_code == 1 and " missing " in r.stdout
