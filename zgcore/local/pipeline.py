@@ -141,16 +141,6 @@ def resume_point(work: Path, k: int) -> int:
     return step
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _failure(codes: list[int | None], work: Path, k: int, name: str, bounds: list[int]) -> Exception:
     """The one-line error of a failed pipeline: the stage that failed first in cause (one that raised
     something other than a broken connection, else one killed by a signal other than the SIGTERM
