@@ -401,3 +401,25 @@ def test_a_value_that_rounds_to_inf_in_the_storage_dtype_fails_the_build_naming_
     with BoundaryReader(path) as r:
         got = r.read("train", 0, np.arange(r.n("train")))
         assert r.version == 6 and bool(torch.isfinite(got.float()).all()) and float(got.float().abs().max()) >= 9.9e4
+
+
+def test_a_shard_damaged_twice_in_one_second_is_set_aside_twice(tmp_path, monkeypatch):
+    # the second copy must not land on (a folder: fail to rename onto; a file: replace) the first
+    import time
+
+    from zgcore.data.boundary_store import quarantine
+    from zgcore.data.boundary_store.common import quarantine_file
+
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)
+    moved = []
+    for i in range(3):
+        (tmp_path / "shard").mkdir()
+        (tmp_path / "shard" / "b0.h5").write_text(str(i))
+        moved.append(quarantine(tmp_path / "shard"))
+        (tmp_path / "f.h5").write_text(str(i))
+        moved.append(quarantine_file(tmp_path / "f.h5"))
+    assert None not in moved and len(set(moved)) == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "f.h5.damaged-1800000000", "f.h5.damaged-1800000000-2", "f.h5.damaged-1800000000-3",
+        "shard.damaged-1800000000", "shard.damaged-1800000000-2", "shard.damaged-1800000000-3"]
+    assert [(tmp_path / f"f.h5.damaged-1800000000{s}").read_text() for s in ("", "-2", "-3")] == ["0", "1", "2"]

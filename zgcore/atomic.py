@@ -198,3 +198,19 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def aside_name(path, kind: str = "damaged") -> Path:
+    """A free sibling name for ``path`` set aside: ``<name>.<kind>-<unix time>``, with ``-2``,
+    ``-3``... appended when a file or folder of that name already exists (the same file damaged
+    twice within one second would otherwise be renamed onto its first copy: a folder rename then
+    fails, a file rename silently replaces the first copy)."""
+    import time
+
+    path = Path(path)
+    base = f"{path.name}.{kind}-{int(time.time())}"
+    dest, n = path.with_name(base), 1
+    while dest.exists():
+        n += 1
+        dest = path.with_name(f"{base}-{n}")
+    return dest

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import h5py
 import numpy as np
 
-from zgcore.atomic import atomic_path
+from zgcore.atomic import aside_name, atomic_path
 from zgcore.data import sources
 from zgcore.checks import ConfigError
 
@@ -288,9 +288,7 @@ def write_checksum(path: str | os.PathLike) -> str:
 
 
 def _damaged(path, why: str, err: Exception | None = None):
-    import time
-
-    dest = f"{path}.damaged-{int(time.time())}"
+    dest = aside_name(path)
     try:
         os.replace(path, dest)
         where = f"; moved it aside to {dest}, the next run rebuilds it"
