@@ -1,0 +1,120 @@
+"""The prefetch default, measured on an experiment's own block: the time of a training step fed by
+worker processes (``train.prefetch_mode=process``), by worker threads (``thread``) and by
+boundaries already in memory (:class:`bench.common.InMemoryBoundaries`, no reader at all), in
+interleaved rounds in one run. The step of the experiment's block is the CPU regime; the 2 ms
+regime is ``bench/data_feed.py``'s simulated accelerator step (``docs/performance.md``).
+
+    python bench/prefetch_default.py --outputs outputs              # the default experiment, built there
+    python bench/prefetch_default.py --preset tiny --outputs /tmp/o  # smoke (builds the tiny preset)
+
+Each arm trains a fresh copy of block ``--block`` (same seed, same batches) for ``--steps`` steps
+per round; ``--rounds`` rounds rotate the arms' order. A step's time is the loop's own wall time
+per step (the wait for its batch included) from the second step on: a worker's start, paid once
+per TrainBlock, is printed apart. The last line: ``prefetch cost process X% thread Y%`` (median
+step time over the in-memory step's, minus 1).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def find_block(preset: str, overrides: str, outputs: str, block: int):
+    """The experiment's TrainBlock ``block`` (its inputs must be built)."""
+    import luigi.task
+
+    from workflows.experiment import build_experiment, load_config
+    from tasks.blocks import TrainBlock
+
+    seen, todo = set(), [build_experiment(load_config(overrides=overrides, preset=preset), outputs)]
+    while todo:
+        t = todo.pop()
+        if t.task_id in seen:
+            continue
+        seen.add(t.task_id)
+        if isinstance(t, TrainBlock) and t.block == block and not t.candidate:
+            return t
+        todo.extend(luigi.task.flatten(t.requires()))
+    raise SystemExit(f"the experiment has no TrainBlock for block {block}")
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="default", help="experiment preset (default: default)")
+    ap.add_argument("--set", default="", help="overrides")
+    ap.add_argument("--outputs", default="outputs", help="outputs folder holding the experiment's boundary store")
+    ap.add_argument("--block", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=6, help="steps per arm and round (default 6)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    a = ap.parse_args(argv)
+
+    import luigi
+    import torch
+
+    from bench.common import InMemoryBoundaries
+    from tasks.teacher import teacher_record
+    from zgcore.data.boundary_store import BoundaryReader
+    from zgcore.models.adapters import build_block
+    from zgcore.models.shapes import kept_layers, resolve_boundaries
+    from zgcore.models.teacher_weights import layer_source
+    from zgcore.training.blocks import block_seed, train_block
+
+    task = find_block(a.preset, a.set, a.outputs, a.block)
+    deps = luigi.task.flatten(task.requires())
+    if not all(d.complete() for d in deps):
+        luigi.build(deps, local_scheduler=True, workers=1, log_level="WARNING")
+    rec = teacher_record(task.teacher_task())
+    bs = resolve_boundaries(task.boundary, rec["n_layers"])
+    start, end = bs[a.block], bs[a.block + 1]
+    kept = kept_layers(start, end, task.train)
+    seed = block_seed(int(task.train["seed"]), a.block)
+    store = task.requires()["cache"].out_dir
+    base = {**dict(task.train), "max_steps": a.steps, "tensorboard": False, "checkpoint_every": 0, "lrs": []}
+    print(f"block {a.block} (layers {kept}), batch {base['batch_size']}, {a.steps} steps x {a.rounds} rounds, "
+          f"torch threads {torch.get_num_threads()}", flush=True)
+    with BoundaryReader(store) as reader:
+        memory = InMemoryBoundaries(reader, [start, end])
+    arms = ["process", "thread", "memory"]
+    steps: dict[str, list[float]] = {k: [] for k in arms}
+    first: dict[str, list[float]] = {k: [] for k in arms}
+    weights: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory(prefix="zg-prefetch-") as tmp:
+        for r in range(a.rounds):
+            for arm in arms[r % 3:] + arms[:r % 3]:
+                block = build_block(layer_source(rec), kept, task.train["init"], seed)
+                t = {**base, "prefetch_mode": arm if arm != "memory" else "process"}
+                work = Path(tempfile.mkdtemp(dir=tmp))
+                source = memory if arm == "memory" else BoundaryReader(store)
+                infos: list = []
+                train_block(block, source, start, end, t, seed, work, run_hash=f"bench-{arm}",
+                            callbacks=[infos.append])
+                if arm != "memory":
+                    source.close()
+                per_step = [i.seconds for i in infos[1:]]
+                first[arm].append(infos[0].seconds)
+                steps[arm].extend(per_step)
+                w = b"".join(v.numpy().tobytes() for _, v in sorted(block.layer_state_dict().items()))
+                if weights.setdefault(arm, w) != w:
+                    raise SystemExit(f"{arm}: round {r} trained other weights than round 0")
+                print(f"  round {r} {arm:<8} first step {infos[0].seconds:.3f} s, then "
+                      f"{statistics.median(per_step) * 1e3:.1f} ms/step (median of {len(per_step)})", flush=True)
+    same = len(set(weights.values())) == 1
+    med = {k: statistics.median(v) for k, v in steps.items()}
+    out = {"step_ms": {k: 1e3 * v for k, v in med.items()},
+           "first_step_s": {k: statistics.median(v) for k, v in first.items()},
+           "cost": {k: med[k] / med["memory"] - 1 for k in ("process", "thread")}, "bitwise_identical": same}
+    for k in arms:
+        print(f"{k:<8} {out['step_ms'][k]:9.1f} ms/step   first step {out['first_step_s'][k]:.3f} s")
+    print(f"weights bitwise identical across arms: {same}")
+    print(f"prefetch cost process {100 * out['cost']['process']:+.1f}% thread {100 * out['cost']['thread']:+.1f}%",
+          flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()
