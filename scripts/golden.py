@@ -15,6 +15,10 @@ the tiny presets fix every seed and the data order):
   those under a key naming a time, a rate, a memory figure or a host (``seconds``, ``_s``,
   ``tokens_per_s``, ``rss``, ``peak``, ``host``, ``date``, ...), which vary from run to run.
 
+The bytes are a property of the code and of the library versions (:data:`LIBRARIES`): each file
+records the versions it was written under, ``constraints.txt`` pins them for the suite, and the
+contract compares bytes only under the recorded versions (elsewhere it says which differ).
+
 Not recorded: ``task.json`` (it carries times and hosts), plots (PNG metadata), logs, TensorBoard
 event files, the HDF5 boundary shards (HDF5 writes object timestamps); the weights trained from
 them are recorded instead, so a change of their values shows there.
@@ -89,6 +93,41 @@ def digests(tasks) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+# the libraries whose version can move a recorded byte: the tiny teachers' initialisation and forward
+# (torch, transformers), tokenisation (tokenizers), the data path (numpy, h5py, safetensors)
+LIBRARIES = ("torch", "transformers", "tokenizers", "numpy", "h5py", "safetensors", "accelerate")
+
+
+def environment() -> dict[str, str]:
+    """``{library: version}`` of :data:`LIBRARIES` in this environment (a local label such as
+    ``+cpu`` dropped: the CPU and CUDA builds of one torch release compute alike on the CPU)."""
+    from importlib.metadata import version
+
+    return {lib: version(lib).split("+")[0] for lib in LIBRARIES}
+
+
+def pinned() -> dict[str, str]:
+    """``{library: version}`` of :data:`LIBRARIES` as ``constraints.txt`` pins them."""
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        name, _, ver = line.split("#")[0].strip().partition("==")
+        if ver and name.lower() in LIBRARIES:
+            pins[name.lower()] = ver.strip()
+    return pins
+
+
+def environment_difference(preset: str) -> list[str]:
+    """The libraries whose version here differs from the one ``preset``'s digests were recorded
+    under (``[]``: the same, so every digest must match byte for byte). Digests of trained weights
+    are a property of the code *and* the library versions: a new transformers or tokenizers
+    release may move them with no change here, which is why the suite installs ``constraints.txt``."""
+    p = golden_path(preset)
+    if not p.is_file():
+        return []
+    want, have = json.loads(p.read_text()).get("environment", {}), environment()
+    return [f"{lib} {want.get(lib, '?')} recorded, {have[lib]} here" for lib in LIBRARIES if want.get(lib) != have[lib]]
+
+
 def golden_path(preset: str) -> Path:
     """``tests/golden/<preset>.json``."""
     return GOLDEN / f"{preset}.json"
@@ -110,7 +149,8 @@ def write(preset: str, got: dict[str, str]) -> Path:
     """Record ``got`` as the digests of ``preset``; returns the file."""
     GOLDEN.mkdir(parents=True, exist_ok=True)
     p = golden_path(preset)
-    p.write_text(json.dumps({"preset": preset, "written_by": COMMAND, "digests": got}, indent=1) + "\n")
+    p.write_text(json.dumps({"preset": preset, "written_by": COMMAND, "environment": environment(), "digests": got},
+                            indent=1) + "\n")
     return p
 
 
@@ -144,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
             got = run(name, Path(tmp))
         preset = registry.get(name).tiny
         diff = difference(preset, got)
+        env = environment_difference(preset)
         if args.write:
             print(f"{name}: wrote {write(preset, got).relative_to(REPO)} ({len(got)} digests)")
         elif diff:
             status = 1
-            print(f"{name} ({preset}): " + "\n  ".join(["digests differ:", *diff]))
+            why = ["recorded under other library versions (install with -c constraints.txt):", *env] if env else []
+            print(f"{name} ({preset}): " + "\n  ".join(["digests differ:", *diff, *why]))
         else:
             print(f"{name} ({preset}): {len(got)} digests as recorded")
     return status

@@ -16,6 +16,32 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RAN: list[luigi.Task] = []
 
 
+def pytest_collection_modifyitems(config, items):
+    """Run the suite in parallel without building a shared fixture twice: under pytest-xdist
+    (README's test command: ``-n 2 --dist loadgroup``) the tests that share a module- or
+    session-scoped fixture of this suite (a smoke run, a built graph, a Slurm cluster), directly or
+    through another test that shares one with them, get one ``xdist_group`` and so one worker. Derived
+    from each test's fixtures, so a fixture added tomorrow is grouped the day it lands."""
+    parent: dict[str, str] = {}
+
+    def find(k: str) -> str:
+        while parent.setdefault(k, k) != k:
+            k = parent[k]
+        return k
+
+    keys = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        shared = [f"{d.baseid}::{name}" for name, defs in (info.name2fixturedefs.items() if info else ())
+                  for d in defs[-1:] if d.scope in ("module", "package", "session") and d.baseid.startswith("tests")]
+        keys[item.nodeid] = shared
+        for k in shared[1:]:
+            parent[find(k)] = find(shared[0])
+    for item in items:
+        if keys[item.nodeid]:
+            item.add_marker(pytest.mark.xdist_group(find(keys[item.nodeid][0]).replace("/", ".")))
+
+
 @luigi.Task.event_handler(luigi.Event.START)
 def _record_start(task):
     RAN.append(task)

@@ -5,6 +5,8 @@ count is asserted. The same run's outputs are compared with the digests recorded
 (scripts/golden.py). A deliberately broken workflow fails the contract by name."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import workflows
@@ -29,6 +31,10 @@ def test_every_workflow_meets_the_contract_on_its_tiny_preset(name, built):
     assert check_workflow(wf, out) == []
     got = golden.digests(all_tasks(root_tasks("", [], wf.tiny, str(out), name)))
     assert any(k.endswith(".safetensors") for k in got), f"{name}: no weights among the digests {sorted(got)}"
+    env = golden.environment_difference(wf.tiny)
+    if env:  # the bytes are per library version: compared only where they were recorded (CI installs constraints.txt)
+        pytest.skip(f"{name}: contract met; output bytes not compared, recorded under other library versions: "
+                    + "; ".join(env) + " (install with -c constraints.txt)")
     diff = golden.difference(wf.tiny, got)
     assert not diff, (f"{name} ({wf.tiny}): output bytes differ from tests/golden/{wf.tiny}.json; if the change is "
                       f"meant, record it with `{golden.COMMAND} --workflow {name}` and say why in the commit:\n"
@@ -67,6 +73,19 @@ def test_library_tiny_status_report_and_verify_show_the_librarys_own_graph(built
     graph = all_tasks(root_tasks("", [], "library_tiny", out))
     assert r.exit_code == 0 and f"of {len(graph)} output(s)" in r.stdout and "all whole" in r.stdout
     assert sum(t.get_task_family() == "TrainBlock" for t in graph) >= 6  # every candidate block of both partitions
+
+
+def test_the_golden_digests_are_recorded_under_the_versions_constraints_txt_pins():
+    # the suite installs constraints.txt (README's test command), so its bytes are compared in CI
+    from workflows import registry as reg
+
+    pins = golden.pinned()
+    assert set(pins) == set(golden.LIBRARIES), f"constraints.txt pins {sorted(pins)}, not every one of {golden.LIBRARIES}"
+    for name in reg.names():
+        rec = json.loads(golden.golden_path(reg.get(name).tiny).read_text())
+        assert rec.get("environment") == pins, (f"tests/golden/{reg.get(name).tiny}.json was recorded under "
+                                                f"{rec.get('environment')}, constraints.txt pins {pins}: re-record with "
+                                                f"`{golden.COMMAND}` in an environment installed with -c constraints.txt")
 
 
 def test_golden_digests_name_each_changed_file_and_skip_timings(tmp_path, monkeypatch):
