@@ -12,6 +12,8 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each, else OpenMP's spinning
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # threads slow a test up to 9x (set before torch is imported)
 
 RAN: list[luigi.Task] = []
 
