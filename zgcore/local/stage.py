@@ -123,6 +123,16 @@ class Inbox:
         h, meta = self.latest  # sync: the batch is the step's own, and is not read back from the device
         return h, step if self.sync else int(meta[0]), time.perf_counter() - t0
 
+    def drain(self) -> None:
+        """Receive (and drop) every message still to come: an asynchronous stage may end its last step
+        before its upstream has sent its last output, and a stage that left the group then would
+        close the connection under that send ("Connection closed by peer" in the upstream stage)."""
+        while self.works:
+            for w in self.works:
+                w.wait()
+            self.next += 1
+            self._post()
+
 
 class Outbox:
     """What stage ``j`` sends to stage ``j + 1``: ``isend`` of each step's batch index and detached
@@ -285,8 +295,11 @@ def train_stage(j: int, spec: Mapping[str, Any], dev: torch.device) -> dict[str,
     dist.barrier()  # every stage built and ready: the loops start together (idle time is the pipeline's own)
     started = time.time()
     m = loop.run(batches, one_step)
+    if inbox is not None:
+        inbox.drain()
     if outbox is not None:
         outbox.close()
+    dist.barrier()  # no stage leaves the group while another still sends or receives
     log = np.asarray([r[1:-1] for r in loop.log], dtype=np.float64).reshape(len(loop.log), len(cols))
     return {"stage": j, "seconds": m["seconds"], "idle_seconds": float(log[m["resumed_from"]:, 3].sum()) if len(log) else 0.0,
             "peak_rss_bytes": peak_rss(),
