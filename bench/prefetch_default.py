@@ -26,21 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def find_block(preset: str, overrides: str, outputs: str, block: int):
     """The experiment's TrainBlock ``block`` (its inputs must be built)."""
-    import luigi.task
-
-    from workflows.experiment import build_experiment, load_config
+    from workflows.experiment import build_experiment, load_config, walk
     from tasks.blocks import TrainBlock
 
-    seen, todo = set(), [build_experiment(load_config(overrides=overrides, preset=preset), outputs)]
-    while todo:
-        t = todo.pop()
-        if t.task_id in seen:
-            continue
-        seen.add(t.task_id)
-        if isinstance(t, TrainBlock) and t.block == block and not t.candidate:
-            return t
-        todo.extend(luigi.task.flatten(t.requires()))
-    raise SystemExit(f"the experiment has no TrainBlock for block {block}")
+    root = build_experiment(load_config(overrides=overrides, preset=preset), outputs)
+    found = [t for t in walk(root) if isinstance(t, TrainBlock) and t.block == block and not t.candidate]
+    if not found:
+        raise SystemExit(f"the experiment has no TrainBlock for block {block}")
+    return found[0]
 
 
 def main(argv=None) -> dict:

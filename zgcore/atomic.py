@@ -214,3 +214,15 @@ def aside_name(path, kind: str = "damaged") -> Path:
         n += 1
         dest = path.with_name(f"{base}-{n}")
     return dest
+
+
+def set_aside(path, kind: str = "damaged") -> Path | None:
+    """Rename the file or folder ``path`` to :func:`aside_name` (kept for inspection, never
+    deleted); returns the new path, or None when it could not be renamed (already gone, or the file
+    system refused)."""
+    dest = aside_name(path, kind)
+    try:
+        Path(path).rename(dest)
+    except OSError:
+        return None
+    return dest

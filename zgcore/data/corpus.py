@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import h5py
 import numpy as np
 
-from zgcore.atomic import aside_name, atomic_path
+from zgcore.atomic import atomic_path, set_aside
 from zgcore.data import sources
 from zgcore.checks import ConfigError
 
@@ -288,12 +288,8 @@ def write_checksum(path: str | os.PathLike) -> str:
 
 
 def _damaged(path, why: str, err: Exception | None = None):
-    dest = aside_name(path)
-    try:
-        os.replace(path, dest)
-        where = f"; moved it aside to {dest}, the next run rebuilds it"
-    except OSError:
-        where = ""
+    dest = set_aside(path)
+    where = f"; moved it aside to {dest}, the next run rebuilds it" if dest else ""
     _verified.clear()
     raise TokenStoreError(f"token store {path}: {why}{where}") from err
 

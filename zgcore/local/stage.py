@@ -106,6 +106,14 @@ class Inbox:
             self.h = torch.empty(self.shape, dtype=torch.float32, device=self.device)
             self.works = [dist.irecv(self.meta, self.src, tag=1), dist.irecv(self.h, self.src, tag=2)]
 
+    def _receive(self) -> None:
+        """Wait for the posted message, make it the latest, post the next."""
+        for w in self.works:
+            w.wait()
+        self.latest, self.latest_step = (self.h, self.meta), self.next
+        self.next += 1
+        self._post()
+
     def _arrived(self) -> bool:
         return bool(self.works) and all(w.is_completed() for w in self.works)
 
@@ -115,11 +123,7 @@ class Inbox:
         need = step if self.sync else step - 1
         t0 = time.perf_counter()
         while self.next <= step and (self.latest is None or self.latest_step < need or (not self.sync and self._arrived())):
-            for w in self.works:
-                w.wait()
-            self.latest, self.latest_step = (self.h, self.meta), self.next
-            self.next += 1
-            self._post()
+            self._receive()
         h, meta = self.latest  # sync: the batch is the step's own, and is not read back from the device
         return h, step if self.sync else int(meta[0]), time.perf_counter() - t0
 
@@ -128,10 +132,7 @@ class Inbox:
         before its upstream has sent its last output, and a stage that left the group then would
         close the connection under that send ("Connection closed by peer" in the upstream stage)."""
         while self.works:
-            for w in self.works:
-                w.wait()
-            self.next += 1
-            self._post()
+            self._receive()
 
 
 class Outbox:

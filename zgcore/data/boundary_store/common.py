@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zgcore.atomic import aside_name
+from zgcore.atomic import set_aside
 from zgcore.device import DTYPE_NAMES, torch_dtype
 
 # 3: sharded store (one HDF5 file per shard per boundary, Fletcher32 checksums, a join manifest)
@@ -146,13 +146,7 @@ def quarantine(folder: Path) -> Path | None:
 
 
 def quarantine_file(path: Path) -> Path | None:
-    """Move a damaged file aside (``<name>.damaged-<unix time>``, see :func:`aside_name`) so that
-    the task that wrote it finds its output incomplete and rebuilds it; returns the new path (None
-    if it could not)."""
-    path = Path(path)
-    dest = aside_name(path)
-    try:
-        path.rename(dest)
-    except OSError:
-        return None
-    return dest
+    """Move a damaged file aside (``<name>.damaged-<unix time>``, :func:`zgcore.atomic.set_aside`)
+    so that the task that wrote it finds its output incomplete and rebuilds it; returns the new path
+    (None if it could not)."""
+    return set_aside(path)
