@@ -115,7 +115,10 @@ def status(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
     error. The states are listed below."""
     tasks = all_tasks(root_tasks(config, set, preset, outputs, workflow))
     width = max(len(t.title()) for t in tasks)
-    states = [task_state(t) for t in tasks]
+    from tasks.base import completion_pass
+
+    with completion_pass():  # one look at the graph: each task checked once, not once per path to it
+        states = [task_state(t) for t in tasks]
     for t, state in zip(tasks, states):
         name = t.title()
         typer.echo(f"{name:<{width}}  {state:<8} {t.out_dir}")

@@ -90,7 +90,10 @@ def walk_all(wf) -> list:
 
 def missing_tasks(wf) -> list:
     """The workflow's tasks whose outputs are not complete (``[]``: the workflow is done)."""
-    return [t for t in walk_all(wf) if not t.complete()]
+    from tasks.base import completion_pass
+
+    with completion_pass():
+        return [t for t in walk_all(wf) if not t.complete()]
 
 
 def reports(wf) -> list[Path]:
