@@ -13,7 +13,8 @@ the tiny presets fix every seed and the data order):
   weights;
 * every number of every ``report.json`` of the graph, rounded to 6 significant digits, except
   those under a key naming a time, a rate, a memory figure or a host (``seconds``, ``_s``,
-  ``tokens_per_s``, ``rss``, ``peak``, ``host``, ``date``, ...), which vary from run to run.
+  ``tokens_per_s``, ``rss``, ``peak``, ``host``, ``date``, ...) or a figure derived from times (the
+  cache's ``break_even`` counts), which vary from run to run.
 
 The bytes are a property of the code and of the library versions (:data:`LIBRARIES`): each file
 records the versions it was written under, ``constraints.txt`` pins them for the suite, and the
@@ -46,7 +47,8 @@ GOLDEN = REPO / "tests" / "golden"
 COMMAND = ".venv/bin/python -m scripts.golden --write"
 # a key containing one of these (or ending in "_s": seconds) holds a figure that varies from run to run
 VOLATILE = ("second", "time", "per_s", "rss", "peak", "memory", "host", "date", "mfu", "wall", "elapsed", "threads",
-            "pid", "version", "torch", "python", "path", "folder")
+            "pid", "version", "torch", "python", "path", "folder",
+            "break_even")  # the cache's break-even counts are ratios of measured times
 
 
 def _volatile(key: str) -> bool:
