@@ -333,6 +333,7 @@ def main(argv=None) -> int:
     import os
 
     from zgcore.config.defaults import DEFAULTS
+    from zgcore.data.feed import choose_mode
 
     a = parse(argv)
     if a.slowdown_only:
@@ -368,11 +369,15 @@ def main(argv=None) -> int:
               f"(format 3: {min(v[1] / v[3] for (d, _), v in before.items() if d == dtype):.2f})")
     for dtype in DTYPES:
         print(f"read/raw {dtype} {min(ratios[(dtype, bs)][0] for bs in BATCH_SIZES):.2f}")
-    other = "thread" if DEFAULTS["train"]["prefetch_mode"] == "process" else "process"
-    for step_ms, (sync, pre, _) in waits[other].items():
-        print(f"{other} workers: wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}")
-    for step_ms, (sync, pre, _) in waits[DEFAULTS["train"]["prefetch_mode"]].items():
-        print(f"wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}")
+    for mode in ("process", "thread"):
+        for step_ms, (sync, pre, _) in waits[mode].items():
+            print(f"{mode} workers: wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}")
+    # the simulated step stands for an accelerator's: what train.prefetch_mode=auto (the default) picks for it
+    mode = DEFAULTS["train"]["prefetch_mode"]
+    if mode == "auto":
+        mode = choose_mode(8 * 2 * a.seq_len * a.hidden * 4, accelerator=True)
+    for step_ms, (sync, pre, _) in waits[mode].items():
+        print(f"wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}   (the default: {mode} workers)")
     return 0 if same else 1
 
 

@@ -10,8 +10,13 @@ regime is ``bench/data_feed.py``'s simulated accelerator step (``docs/performanc
 Each arm trains a fresh copy of block ``--block`` (same seed, same batches) for ``--steps`` steps
 per round; ``--rounds`` rounds rotate the arms' order. A step's time is the loop's own wall time
 per step (the wait for its batch included) from the second step on: a worker's start, paid once
-per TrainBlock, is printed apart. The last line: ``prefetch cost process X% thread Y%`` (median
-step time over the in-memory step's, minus 1).
+per TrainBlock, is printed apart. Beside the step times, two figures that do not drown in this
+machine's drift: each arm's **wait**, the share of its steps' time the loop spent waiting for a
+batch (measured by the loop itself), and the **reader's own time** per batch (a synchronous read
+and check of the same batches, timed on one thread) over the median step: all a worker of either
+kind could take from the step's cores. ``train.prefetch_mode=auto`` (the default) picks by
+:func:`zgcore.data.feed.choose_mode`; the line before the last names its pick. The last line:
+``prefetch cost process X% thread Y%`` (median step time over the in-memory step's, minus 1).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -47,6 +53,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
 
     import luigi
+    import numpy as np
     import torch
 
     from bench.common import InMemoryBoundaries
@@ -56,6 +63,7 @@ def main(argv=None) -> dict:
     from zgcore.models.shapes import kept_layers, resolve_boundaries
     from zgcore.models.teacher_weights import layer_source
     from zgcore.training.blocks import block_seed, train_block
+    from zgcore.data.feed import choose_mode, stored_batch_bytes
 
     task = find_block(a.preset, a.set, a.outputs, a.block)
     deps = luigi.task.flatten(task.requires())
@@ -75,6 +83,7 @@ def main(argv=None) -> dict:
     arms = ["process", "thread", "memory"]
     steps: dict[str, list[float]] = {k: [] for k in arms}
     first: dict[str, list[float]] = {k: [] for k in arms}
+    waits: dict[str, list[float]] = {k: [] for k in arms}
     weights: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory(prefix="zg-prefetch-") as tmp:
         for r in range(a.rounds):
@@ -89,6 +98,7 @@ def main(argv=None) -> dict:
                 if arm != "memory":
                     source.close()
                 per_step = [i.seconds for i in infos[1:]]
+                waits[arm].append(sum(i.data_seconds for i in infos[1:]) / sum(per_step))
                 first[arm].append(infos[0].seconds)
                 steps[arm].extend(per_step)
                 w = b"".join(v.numpy().tobytes() for _, v in sorted(block.layer_state_dict().items()))
@@ -98,12 +108,31 @@ def main(argv=None) -> dict:
                       f"{statistics.median(per_step) * 1e3:.1f} ms/step (median of {len(per_step)})", flush=True)
     same = len(set(weights.values())) == 1
     med = {k: statistics.median(v) for k, v in steps.items()}
+    # the reader's own time per batch: what a worker of either kind could take from the step's cores
+    bs = int(base["batch_size"])
+    with BoundaryReader(store) as reader:
+        batch_bytes = stored_batch_bytes(reader, bs, 2)
+        n = reader.n("train")
+        idx = [np.arange(i * bs, (i + 1) * bs) % n for i in range(max(8, a.steps))]
+        reader.read("train", start, idx[0]), reader.read("train", end, idx[0])  # warm: open files, page cache
+        t0 = time.thread_time()
+        for ix in idx:
+            reader.read("train", start, ix), reader.read("train", end, ix)
+        read_ms = 1e3 * (time.thread_time() - t0) / len(idx)
+    auto = choose_mode(batch_bytes, accelerator=False)  # every arm trains on this machine's CPU
     out = {"step_ms": {k: 1e3 * v for k, v in med.items()},
            "first_step_s": {k: statistics.median(v) for k, v in first.items()},
+           "wait": {k: statistics.median(v) for k, v in waits.items()},
+           "reader_ms_per_batch": read_ms, "batch_bytes": batch_bytes, "auto": auto,
            "cost": {k: med[k] / med["memory"] - 1 for k in ("process", "thread")}, "bitwise_identical": same}
     for k in arms:
-        print(f"{k:<8} {out['step_ms'][k]:9.1f} ms/step   first step {out['first_step_s'][k]:.3f} s")
+        print(f"{k:<8} {out['step_ms'][k]:9.1f} ms/step   first step {out['first_step_s'][k]:.3f} s   "
+              f"waiting for its batch {100 * out['wait'][k]:.2f}% of the step")
+    print(f"reading and checking one batch ({batch_bytes / 1e6:.1f} MB) on one thread: {read_ms:.1f} ms of CPU, "
+          f"{100 * read_ms / out['step_ms']['memory']:.2f}% of the in-memory step")
     print(f"weights bitwise identical across arms: {same}")
+    print(f"prefetch_mode=auto picks {auto}: at most {100 * (out['wait'][auto] + read_ms / out['step_ms']['memory']):.2f}% "
+          "of a step (its wait plus the reader's whole time)")
     print(f"prefetch cost process {100 * out['cost']['process']:+.1f}% thread {100 * out['cost']['thread']:+.1f}%",
           flush=True)
     return out

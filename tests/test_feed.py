@@ -404,6 +404,39 @@ def test_a_worker_process_whose_training_process_is_killed_exits_on_its_own():
     assert not any(alive(p) for p in pids)
 
 
+def test_auto_feeds_a_cpu_and_small_accelerator_batches_from_threads_and_large_ones_from_processes(stores, monkeypatch):
+    """``train.prefetch_mode = "auto"`` and ``train.prefetch_workers = "auto"`` (the defaults) by the
+    rule measured in docs/performance.md: on a CPU one thread always; on an accelerator two workers,
+    threads below 12 MiB a batch, processes from there. An explicit setting is kept."""
+    from zgcore.config.defaults import DEFAULTS
+    from zgcore.data import feed
+
+    assert DEFAULTS["train"]["prefetch_mode"] == DEFAULTS["train"]["prefetch_workers"] == "auto"
+    assert feed.resolve_feed("auto", "auto", 16_800_000, False) == ("thread", 1)
+    assert feed.resolve_feed("auto", "auto", 9_400_000, True) == ("thread", 2)
+    assert feed.resolve_feed("auto", "auto", 16_800_000, True) == ("process", 2)
+    assert feed.resolve_feed("process", 3, 0, False) == ("process", 3)
+    assert feed.resolve_feed("thread", "auto", 16_800_000, True) == ("thread", 2)
+    assert [feed.choose_mode(b, False) for b in (0, 9_400_000, 16_800_000, 1 << 40)] == ["thread"] * 4
+    assert [feed.choose_mode(b, True) for b in (9_400_000, (12 << 20) - 1, 12 << 20, 16_800_000)] == \
+        ["thread", "thread", "process", "process"]
+    with BoundaryReader(stores["bfloat16"]) as r:  # 3 sequences x 2 arrays x 16 tokens x 64 wide x 2 bytes
+        hidden = int(r.manifest["hidden_size"])
+        assert feed.stored_batch_bytes(r, 3, 2) == 3 * 2 * 16 * hidden * 2
+        picked = []
+        real = feed.prefetch
+        monkeypatch.setattr(feed, "prefetch", lambda *a, **k: picked.append(a[3:5]) or real(*a, **k))
+        got = [(s, idx.tolist(), x.clone(), y.clone()) for s, idx, x, y in
+               feed.block_batches(r, 0, 2, r.n("train"), 0, 3, 0, 5, 2, False, "auto", "auto")]
+        want = [(s, idx.tolist(), x.clone(), y.clone()) for s, idx, x, y in
+                feed.store_batches(r, 0, 2, r.n("train"), 0, 3, 0, 5)]
+    assert picked == [(1, "thread")]
+    assert [(s, i) for s, i, _, _ in got] == [(s, i) for s, i, _, _ in want]
+    assert all(torch.equal(a, b) and torch.equal(c, d) for (_, _, a, c), (_, _, b, d) in zip(got, want))
+    with pytest.raises(ValueError, match="prefetch mode"):
+        next(real(lambda w, n: iter(()), 2, mode="auto"))  # resolved before prefetch, never inside it
+
+
 def test_the_reader_reuses_a_batch_tensor_only_when_nothing_refers_to_it(stores):
     """The reader writes a batch into memory it handed out before only when the consumer has let go
     of it (Python references, views, autograd), and never into a tensor sent to another process."""
@@ -476,14 +509,14 @@ def blocks(out):
 
 def test_prefetch_on_and_off_give_the_same_block_bytes_and_hash(tmp_path, run_graph):
     runs = {}
-    for ahead, workers, mode in ((0, 1, "thread"), (1, 1, "thread"), (4, 3, "thread"), (2, 2, "process")):
+    for ahead, workers, mode in ((0, 1, "thread"), (1, 1, "thread"), (4, 3, "thread"), (2, 2, "process"), (3, 1, "auto")):
         cfg = CFG + f" train.prefetch={ahead} train.prefetch_workers={workers} train.prefetch_mode={mode}"
         assert run_graph(RunExperiment(preset="", set=cfg, outputs=str(tmp_path / f"p{ahead}")))[0]
         runs[ahead] = blocks(tmp_path / f"p{ahead}")
-    assert len(runs[0]) == 2 and runs[0] == runs[1] == runs[4] == runs[2]  # same folder names (unhashed) and bytes
+    assert len(runs[0]) == 2 and runs[0] == runs[1] == runs[4] == runs[2] == runs[3]  # same folder names (unhashed) and bytes
     rng = {a: [torch.load(p, weights_only=True)["torch_rng"] for p in sorted((tmp_path / f"p{a}").glob("TrainBlock/*/train_state.pt"))]
            for a in runs}
-    assert all(torch.equal(x, y) for a in (1, 4, 2) for x, y in zip(rng[0], rng[a]))  # the final state records the same RNG
+    assert all(torch.equal(x, y) for a in (1, 4, 2, 3) for x, y in zip(rng[0], rng[a]))  # the final state records the same RNG
     off = CFG + " train.prefetch=0 train.prefetch_workers=2 train.prefetch_mode=process train.tensorboard=false"
     assert {t.uid for t in tasks_of(off, tmp_path, "TrainBlock")} == {t.uid for t in tasks_of(CFG, tmp_path, "TrainBlock")}
 

@@ -57,7 +57,8 @@ def test_no_docs_anchor_carries_a_work_item_number():
 def test_the_docs_name_the_default_worker_the_code_has():
     mode = DEFAULTS["train"]["prefetch_mode"]
     text = " ".join((ROOT / "docs" / "performance.md").read_text().split())
-    claims = set(re.findall(r"default (thread|process) worker", text)) | set(re.findall(r"\*\*`(thread|process)`\*\* \(default\)", text))
+    claims = set(re.findall(r"default (thread|process|auto) worker", text)) | \
+        set(re.findall(r"\*\*`(thread|process|auto)`\*\* \(default\)", text))
     assert claims == {mode}, f"docs/performance.md calls {claims} the default worker; the code's is {mode!r}"
 
 

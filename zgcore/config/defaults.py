@@ -111,10 +111,13 @@ DEFAULTS: dict[str, Any] = {
         # batches read from the boundary store ahead of the step by each background worker (0 = read
         # synchronously); same order and bytes either way, so not hashed (zgcore.data.feed)
         "prefetch": 2,
-        "prefetch_workers": 1,  # workers reading ahead (each reads every n-th batch); not hashed
-        # "process": worker processes hand batches over in reused shared memory (1.2-3.8% of a step measured);
-        # "thread": worker threads, whose reads hand the GIL back and forth (3.5-9.2%); bench/README.md. Not hashed
-        "prefetch_mode": "process",
+        # workers reading ahead (each reads every n-th batch): "auto" = 2 for an accelerator, 1 on a CPU
+        # (zgcore.data.feed.choose_workers), or a number; not hashed
+        "prefetch_workers": "auto",
+        # "auto": worker threads on a CPU and for an accelerator's batches under 12 MiB, worker processes for
+        # larger ones (zgcore.data.feed.choose_mode, measured in docs/performance.md); "thread" or "process"
+        # force one kind. Not hashed
+        "prefetch_mode": "auto",
         "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.training.watch); not hashed
         # local auxiliary terms through the teacher's frozen head (zgcore.training.objectives.aux_losses); 0 = off, not hashed
         "ce_weight": 0.0,  # next-token cross-entropy

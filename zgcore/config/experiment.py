@@ -289,12 +289,14 @@ def validate_train(t: Mapping[str, Any], where: str, block: int | None = None,
         raise ConfigError(f"{n('epochs')} must be >= 0, got {t['epochs']!r}")
     for k in ("max_steps", "warmup_steps", "seed", "prefetch"):
         _positive_int(n(k), t[k], zero_ok=True)
-    if t["prefetch_mode"] not in ("thread", "process"):
-        raise ConfigError(f"{n('prefetch_mode')} must be \"thread\" or \"process\", got {t['prefetch_mode']!r}")
+    if t["prefetch_mode"] not in ("auto", "thread", "process"):
+        raise ConfigError(f"{n('prefetch_mode')} must be \"auto\", \"thread\" or \"process\", got {t['prefetch_mode']!r}")
     if not isinstance(t["tensorboard"], bool):
         raise ConfigError(f"{n('tensorboard')} must be true or false, got {t['tensorboard']!r}")
     for k in ("batch_size", "checkpoint_every", "log_every", "prefetch_workers"):
-        _positive_int(n(k), t[k])
+        if k == "prefetch_workers" and t[k] == "auto":
+            continue
+        _positive_int(n(k) + (' (or "auto")' if k == "prefetch_workers" else ""), t[k])
     if float(t["epochs"]) == 0 and int(t["max_steps"]) == 0:
         raise ConfigError(f"{where}: set {n('epochs')} > 0 or {n('max_steps')} > 0")
     validate_lr_search(n("lrs").rsplit(".", 1)[0], t["lrs"], t["lr_rounds"])  # train.lrs or blocks.<i>.lrs

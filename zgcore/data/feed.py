@@ -2,9 +2,12 @@
 of the training step by background workers, at most ``ahead`` batches in flight per worker, in the
 same order and with the same bytes as a synchronous read.
 
-Two kinds of worker (``train.prefetch_mode``):
+Two kinds of worker (``train.prefetch_mode``; the default, ``"auto"``, picks one per block by
+:func:`choose_mode`: threads on a CPU and for an accelerator's small batches, processes for an
+accelerator's batches of 12 MiB and more), ``train.prefetch_workers`` of them (default ``"auto"``:
+:func:`choose_workers`, two for an accelerator, one on a CPU):
 
-* ``"process"`` (default): worker processes (``fork`` where there is one), each reading every
+* ``"process"``: worker processes (``fork`` where there is one), each reading every
   ``workers``-th batch and checking it in its own interpreter, so its Python never holds the
   training thread's GIL. A batch crosses in one of a few shared-memory buffers the worker reuses
   (:func:`zgcore.data.process_workers.processes`): the training thread receives one small message per batch and never maps a
@@ -26,7 +29,7 @@ checking one batch ahead cost the training thread 1.2-3.8% of a step with two wo
 3.5-9.2% with two worker threads (the lower end with the threads kept off the training thread's core,
 ``--pin``); ``bench/README.md``. A process's batch costs the consumer 0.16-0.35 ms (a pipe read and
 one small message back; a thread's small batch 0.04-0.14 ms, ``bench/handover_cost.py``): with small
-batches and steps under ~5 ms choose ``"thread"``.
+batches and steps under ~5 ms threads cost less, which is what ``"auto"`` picks.
 
 Either way an error in a worker (a damaged shard: :class:`~zgcore.data.boundary_store.BoundaryStoreError`)
 is handed over as a value and raised in the consumer with its own type and message, at the batch
@@ -47,6 +50,62 @@ T = TypeVar("T")
 
 
 MODES = ("thread", "process")
+#: what ``train.prefetch_mode`` may name: a kind of worker, or ``"auto"`` (:func:`choose_mode`)
+KINDS = ("auto", *MODES)
+#: the batch size, in bytes, from which ``"auto"`` feeds an accelerator from worker processes: between
+#: the two accelerator regimes measured (9.4 MB batches, where threads cost less, and 16.8 MB, where
+#: processes do); a batch between them has not been measured
+AUTO_PROCESS_BYTES = 12 << 20
+
+
+def choose_mode(batch_bytes: int, accelerator: bool) -> str:
+    """The kind of worker ``train.prefetch_mode = "auto"`` (the default) feeds a block with:
+    ``"process"`` for an accelerator's batches of at least :data:`AUTO_PROCESS_BYTES` (12 MiB),
+    ``"thread"`` otherwise.
+
+    The rule follows what each kind costs the training thread per batch, measured on this project's
+    2-core CPU machine (docs/performance.md, "The prefetch default, by measurement at both ends"):
+
+    * a worker process's batch costs a fixed hand-over (a pipe read and a small message back,
+      0.16-0.6 ms): 15-28% of a 2 ms accelerator step fed 9.4 MB batches, where threads cost 1-2%
+      (two workers);
+    * a worker thread's reads hand the GIL back and forth twice per sequence read, which costs a step
+      that holds the GIL (an accelerator's launch-bound Python): beside a 35 ms step fed 16.8 MB
+      batches, 3.5-9.2% from threads against 1.2-3.8% from processes;
+    * on a CPU a step computes for far longer than its batch takes to read (the default experiment:
+      a 4.7 MB batch read and checked in 1.0 ms of one core, against a 1.4 s step; a thread worker
+      left it waiting 0.11% of the time), so both kinds cost well under 2%, and a thread spares the
+      worker process's start (0.5-1 s on each block's first step) and a third process on the cores.
+
+    Args:
+        batch_bytes: bytes of one step's batch as stored (all its arrays). accelerator: the step
+            runs on CUDA (its batches are page-locked).
+
+    Returns:
+        ``"thread"`` or ``"process"``.
+    """
+    return "process" if accelerator and int(batch_bytes) >= AUTO_PROCESS_BYTES else "thread"
+
+
+def choose_workers(accelerator: bool) -> int:
+    """How many workers ``train.prefetch_workers = "auto"`` (the default) starts: 2 for an
+    accelerator, 1 on a CPU.
+
+    One reader alone barely keeps ahead of a short accelerator step: on this project's 2-core
+    machine a 9.4 MB batch takes one worker 1.4-1.9 ms to read and check, and beside a 2 ms step one
+    worker thread left the step waiting 0.8-11.2% of the time over five runs, two 1.0-1.7% over
+    four (``bench/data_feed.py --quick [--workers 2]``, docs/performance.md). A CPU step computes
+    for far longer than a batch takes to read: one worker waits 0.1% of the default experiment's step.
+    """
+    return 2 if accelerator else 1
+
+
+def resolve_feed(mode: str, workers: int | str, batch_bytes: int, accelerator: bool) -> tuple[str, int]:
+    """``(mode, workers)`` with each ``"auto"`` replaced by :func:`choose_mode` /
+    :func:`choose_workers`; explicit settings are kept as given (``workers`` as an int)."""
+    if mode == "auto":
+        mode = choose_mode(batch_bytes, accelerator)
+    return mode, choose_workers(accelerator) if workers == "auto" else max(1, int(workers))
 
 
 def prefetch(make_source: Callable[[int, int], Iterator[T]], ahead: int, pin_memory: bool = False,
@@ -205,15 +264,29 @@ def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
             r.close()
 
 
+def stored_batch_bytes(reader, batch_size: int, arrays: int) -> int:
+    """Bytes of ``batch_size`` sequences of ``arrays`` boundaries as ``reader``'s store holds them
+    (``seq_len x hidden_size x`` the stored dtype's width each); 0 for a store whose manifest does not
+    give those (a logit store)."""
+    m = getattr(reader, "manifest", {}) or {}
+    if "seq_len" not in m or "hidden_size" not in m:
+        return 0
+    width = torch.empty((), dtype=getattr(torch, str(m.get("dtype", "float32")))).element_size()
+    return int(batch_size) * int(arrays) * int(m["seq_len"]) * int(m["hidden_size"]) * width
+
+
 def block_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: int, start: int, steps: int,
-                  ahead: int, pin_memory: bool = False, workers: int = 1,
+                  ahead: int, pin_memory: bool = False, workers: int | str = 1,
                   mode: str = "thread") -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
     """:func:`store_batches` of ``reader``, read ``ahead`` batches ahead by each of ``workers``
     worker threads or processes (``mode``) that open the store themselves (:func:`prefetch`), or
-    in this thread with ``ahead`` = 0. A format-3 store is always read ahead by processes (h5py
-    holds the GIL through each of its Fletcher32-filtered reads)."""
+    in this thread with ``ahead`` = 0. ``"auto"`` for either: :func:`resolve_feed` of the batch's
+    stored bytes, with ``pin_memory`` standing for an accelerator. A format-3 store is always read
+    ahead by processes (h5py holds the GIL through each of its Fletcher32-filtered reads)."""
     if ahead <= 0:
         return store_batches(reader, b_in, b_out, n, seed, batch_size, start, steps)
+    mode, workers = resolve_feed(mode, workers, stored_batch_bytes(reader, batch_size, 1 if b_out is None else 2),
+                                 pin_memory)
     if mode == "thread" and reader.version < 4:  # format 3: h5py holds the GIL through each read
         mode = "process"
     # a worker thread's reader fills page-locked memory itself (no second copy); a worker process

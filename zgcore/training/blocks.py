@@ -113,7 +113,7 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
 
     From a :class:`~zgcore.data.boundary_store.BoundaryReader`, ``t["prefetch"]`` batches (0 = none)
     are read and checked ahead of the step by each of ``t["prefetch_workers"]``
-    worker processes (:func:`zgcore.data.feed.block_batches`), into page-locked memory when the block is on CUDA, and
+    worker threads or processes (``t["prefetch_mode"]``, :func:`zgcore.data.feed.block_batches`), into page-locked memory when the block is on CUDA, and
     copied with ``non_blocking`` in the store's dtype, then widened to float32 on the device
     (``.float()``: exact, so a bfloat16 / float16 store moves half the bytes and trains the same
     weights as float32-widened batches of it): the same batches in the same order with the same bytes as a
@@ -172,7 +172,7 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
         """``(step, idx, x, y)`` from ``step`` on, on the CPU (:func:`zgcore.data.feed.store_batches`)."""
         if cached:
             yield from block_batches(reader, b_in, b_out, n, seed, bs, step, loop.steps, ahead, device.type == "cuda",
-                                     int(t.get("prefetch_workers") or 1), str(t.get("prefetch_mode") or "process"))
+                                     t.get("prefetch_workers") or "auto", str(t.get("prefetch_mode") or "auto"))
             return
         while True:  # online targets: the teacher runs here, synchronously
             epoch, k = divmod(step, per_epoch)
