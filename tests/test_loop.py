@@ -70,12 +70,17 @@ def test_checkpoint_io_error_keeps_the_file_and_malformed_ones_are_moved_aside(t
     monkeypatch.setattr(torch, "load", flaky)
     with pytest.raises(OSError, match="could not be read.*it is kept"):
         load_checkpoint(good)
-    assert good.exists() and not good.with_name(good.name + ".corrupt").exists()
+    assert good.exists() and not list(tmp_path.glob(good.name + ".corrupt*"))
     monkeypatch.setattr(torch, "load", real_load)
     # truncated: moved aside, not used
     bad = tmp_path / "truncated.pt"
     bad.write_bytes(good.read_bytes()[:300])
-    assert load_checkpoint(bad) is None and not bad.exists() and bad.with_name("truncated.pt.corrupt").exists()
+    assert load_checkpoint(bad) is None and not bad.exists() and len(list(tmp_path.glob("truncated.pt.corrupt-*"))) == 1
+    # the same file malformed again within the same second: every copy is kept, none replaces another
+    for n in (2, 3):
+        bad.write_bytes(good.read_bytes()[:300 + n])
+        assert load_checkpoint(bad) is None and not bad.exists()
+    assert sorted(p.stat().st_size for p in tmp_path.glob("truncated.pt.corrupt-*")) == [300, 302, 303]
 
 
 def test_a_flipped_byte_in_a_checkpoint_never_resumes_other_values(tmp_path):
@@ -95,7 +100,7 @@ def test_a_flipped_byte_in_a_checkpoint_never_resumes_other_values(tmp_path):
         path.write_bytes(bad)
         ck = load_checkpoint(path)
         if ck is None:
-            assert path.with_name(path.name + ".corrupt").exists()
+            assert len(list(tmp_path.glob(path.name + ".corrupt-*"))) == 1
             refused += 1
         else:
             assert ck["digest"] == ref["digest"] and torch.equal(ck["modules"]["lin"]["weight"], ref["modules"]["lin"]["weight"])
@@ -143,7 +148,7 @@ def test_checkpoints_never_unpickle_code(tmp_path):
     torch.save({"format": 2, "modules": {}, "optimizers": [], "torch_rng": torch.get_rng_state(), "step": 1,
                 "log": [_Boom()], "run_hash": "h"}, path)
     assert load_checkpoint(path) is None  # refused by weights_only: moved aside
-    assert not Path(BOOM).exists() and path.with_name(CKPT + ".corrupt").exists()
+    assert not Path(BOOM).exists() and len(list(tmp_path.glob(CKPT + ".corrupt-*"))) == 1
 
 
 def test_trainblock_with_exploding_lr_fails_with_a_message_and_leaves_no_output(tmp_path):

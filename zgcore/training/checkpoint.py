@@ -3,7 +3,6 @@ one safely (``weights_only``; a malformed file is moved aside, never deleted; a 
 error keeps it)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -50,7 +49,7 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     """Load a checkpoint onto the CPU with ``weights_only=True``; ``None`` if there is none.
 
     A file that is malformed (not a checkpoint, truncated, of another format, holding anything but
-    tensors and plain values, or whose content does not match its :func:`state_digest`) is moved aside to ``*.corrupt`` (never deleted) and ``None`` is
+    tensors and plain values, or whose content does not match its :func:`state_digest`) is moved aside to ``*.corrupt-<time>`` (never deleted; a second one gets ``-2``, ``-3``...) and ``None`` is
     returned. CPU, whatever the training device: ``torch.set_rng_state`` takes only a CPU
     ``ByteTensor``, and ``load_state_dict`` copies weights and optimizer state to the device.
 
@@ -74,8 +73,12 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
 
 
 def _move_aside(path: Path, e: Exception) -> None:
-    bad = path.with_name(path.name + ".corrupt")
-    os.replace(path, bad)
+    from zgcore.atomic import set_aside
+
+    bad = set_aside(path, "corrupt")  # <name>.corrupt-<time>[-n]: a second bad checkpoint never replaces the first
+    if bad is None:
+        raise OSError(f"checkpoint {path} is malformed ({type(e).__name__}) and could not be moved aside; "
+                      f"move or delete it, then rerun")
     print(f"checkpoint {path} is malformed ({type(e).__name__}: {str(e)[:200]}); moved to {bad}, starting from step 0",
           flush=True)
     return None
