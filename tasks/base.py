@@ -10,7 +10,6 @@ is not complete: it is moved aside and rebuilt, and so is everything downstream 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import math
 import time
@@ -34,7 +33,9 @@ from zgcore.hashing import (
 )
 from zgcore.threads import decoder_params
 
-from .integrity import METADATA_BYTES, DamagedOutputError, OutputUnreadableError, _checking_inputs, record_problem, write_record  # noqa: F401
+from .integrity import (  # noqa: F401 (completion_pass: zerograph status's, re-exported)
+    _PASS, METADATA_BYTES, DamagedOutputError, OutputUnreadableError, _checking_inputs, completion_pass, record_problem,
+    write_record)
 
 HIDDEN = ParameterVisibility.HIDDEN  # long configs: kept out of the visualiser's task names
 PROGRESS_INTERVAL_S = 2.0  # seconds between two progress reports to the scheduler
@@ -48,26 +49,6 @@ class zerograph(luigi.Config):  # noqa: N801 (Luigi names the section and the fl
 
     threads = luigi.IntParameter(default=0, description="torch threads per task; 0 = chosen per task from the model's "
                                                         "size and the usable cores (OMP_NUM_THREADS wins)")
-
-
-_PASS: contextvars.ContextVar[dict[str, bool] | None] = contextvars.ContextVar("zg_completion_pass", default=None)
-
-
-@contextlib.contextmanager
-def completion_pass() -> Iterator[None]:
-    """Within this block each task's :meth:`ZGTask.complete` is worked out once and then
-    remembered, by task id: one consistent look at a graph's outputs (what ``zerograph status``
-    and a sweep over a graph take), in time linear in the graph rather than in its paths. Use it
-    only where nothing is built inside the block: a task that finishes within it still reads as
-    it was first seen. Nested blocks share the outer one's memory."""
-    if _PASS.get() is not None:
-        yield
-        return
-    token = _PASS.set({})
-    try:
-        yield
-    finally:
-        _PASS.reset(token)
 
 
 class ZGTask(luigi.Task):

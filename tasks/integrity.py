@@ -4,10 +4,13 @@ before it starts (:meth:`tasks.base.ZGTask.check_inputs`); the errors of damaged
 outputs, and the log filter that gives an unreadable one as one line."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import os
 from pathlib import Path
+from typing import Iterator
 
 # A recorded file up to this size is metadata (records, metrics, reports): complete() compares its
 # SHA-256. A larger one (weights, stores, checkpoints) is bulk: complete() compares its size, and its
@@ -23,7 +26,7 @@ class DamagedOutputError(RuntimeError):
 
 
 class OutputUnreadableError(RuntimeError):
-    """The file system could not read a finished task's output while :meth:`ZGTask.complete` checked
+    """The file system could not read a finished task's output while :meth:`tasks.base.ZGTask.complete` checked
     it (an ``OSError`` with an errno: EIO, ESTALE, EACCES, ...). Not damage: nothing is moved. Luigi
     logs it as one line (:class:`OneLineCompleteErrors`), naming the task, the file and the error."""
 
@@ -92,3 +95,23 @@ def record_problem(folder: Path) -> str | None:
     if hashlib.sha256(raw).hexdigest() != side.read_text().strip():
         return f"task.json's bytes differ from the SHA-256 written beside it ({RECORD_DIGEST})"
     return None
+
+
+_PASS: contextvars.ContextVar[dict[str, bool] | None] = contextvars.ContextVar("zg_completion_pass", default=None)
+
+
+@contextlib.contextmanager
+def completion_pass() -> Iterator[None]:
+    """Within this block each task's :meth:`tasks.base.ZGTask.complete` is worked out once and then
+    remembered, by task id: one consistent look at a graph's outputs (what ``zerograph status``
+    and a sweep over a graph take), in time linear in the graph rather than in its paths. Use it
+    only where nothing is built inside the block: a task that finishes within it still reads as
+    it was first seen. Nested blocks share the outer one's memory."""
+    if _PASS.get() is not None:
+        yield
+        return
+    token = _PASS.set({})
+    try:
+        yield
+    finally:
+        _PASS.reset(token)
