@@ -8,8 +8,9 @@
 # if the image lacks them, runs the GPU tests (tests/test_device.py and the CUDA resume test), the
 # input pipeline's accelerator figure (bench/gpu_feed.py: one SmolLM2-shaped block's step time and
 # device-busy fraction fed from memory, from the store synchronously, and prefetching), then the
-# default experiment with device=cuda (the README's command plus `--set device=cuda`), and leaves
-# log.txt, report.json, report.md and nvidia-smi samples in $OUT.
+# default experiment with device=cuda (the README's command plus `--set device=cuda`) and its
+# per-phase MFU table (bench/mfu.py), and leaves log.txt, report.json, report.md, mfu.txt and
+# nvidia-smi samples in $OUT.
 # Env: ZG_DEVICE (default cuda; `cpu` rehearses the script on a machine without a GPU),
 #      ZG_PRESET (default: the default experiment; e.g. `tiny` for a rehearsal),
 #      ZG_STASH (default /root/zg-stash), ZG_RUN_TIMEOUT (seconds, default 420),
@@ -82,6 +83,12 @@ report=$(find outputs/Evaluate -name report.json -newer "$gguf" -printf '%T@ %p\
 if [ -n "$report" ]; then
     cp "$report" "$(dirname "$report")/report.md" "$out/" 2>/dev/null
     "$py" -c "import json,sys; r=json.load(open(sys.argv[1])); print(json.dumps(r.get('cross_entropy'), indent=1)); print('gates', json.dumps(r.get('gates')))" "$report"
+fi
+if [ "$run_rc" = 0 ]; then  # the experiment is built: bench/mfu.py only reads its report's table
+    step "compute utilisation per phase (bench/mfu.py, the table docs/performance.md shows for the CPU)"
+    mfu_args=(--outputs outputs --set "device=$device")
+    [ -n "${ZG_PRESET:-}" ] && mfu_args+=(--preset "$ZG_PRESET")
+    timeout 120 "$py" bench/mfu.py "${mfu_args[@]}" | tee "$out/mfu.txt"
 fi
 step "done: tests rc=$tests_rc, feed figure rc=$feed_rc, experiment rc=$run_rc"
 [ "$tests_rc" = 0 ] && [ "$run_rc" = 0 ]
