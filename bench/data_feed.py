@@ -333,7 +333,7 @@ def main(argv=None) -> int:
     import os
 
     from zgcore.config.defaults import DEFAULTS
-    from zgcore.data.feed import choose_mode
+    from zgcore.data.feed import resolve_feed
 
     a = parse(argv)
     if a.slowdown_only:
@@ -373,11 +373,13 @@ def main(argv=None) -> int:
         for step_ms, (sync, pre, _) in waits[mode].items():
             print(f"{mode} workers: wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}")
     # the simulated step stands for an accelerator's: what train.prefetch_mode=auto (the default) picks for it
-    mode = DEFAULTS["train"]["prefetch_mode"]
-    if mode == "auto":
-        mode = choose_mode(8 * 2 * a.seq_len * a.hidden * 4, accelerator=True)
-    for step_ms, (sync, pre, _) in waits[mode].items():
-        print(f"wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}   (the default: {mode} workers)")
+    mode, workers = resolve_feed(DEFAULTS["train"]["prefetch_mode"], DEFAULTS["train"]["prefetch_workers"],
+                                 8 * 2 * a.seq_len * a.hidden * 4, accelerator=True)
+    if workers == a.workers:
+        for step_ms, (sync, pre, _) in waits[mode].items():
+            print(f"wait {step_ms:g} sync {sync:.3f} prefetch {pre:.3f}   (the default: {workers} {mode} workers)")
+    else:
+        print(f"(the default for this simulated accelerator is {workers} {mode} workers: run with --workers {workers})")
     return 0 if same else 1
 
 
