@@ -118,6 +118,10 @@ DEFAULTS: dict[str, Any] = {
         # larger ones (zgcore.data.feed.choose_mode, measured in docs/performance.md); "thread" or "process"
         # force one kind. Not hashed
         "prefetch_mode": "auto",
+        # torch.compile the block's training step (forward and backward; zgcore.training.blocks.train_block):
+        # 12% faster steps on the default experiment's CPU blocks after a one-off compile (docs/performance.md),
+        # bitwise reproducible run to run but not bitwise the eager weights, so hashed when true
+        "compile": False,
         "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.training.watch); not hashed
         # local auxiliary terms through the teacher's frozen head (zgcore.training.objectives.aux_losses); 0 = off, not hashed
         "ce_weight": 0.0,  # next-token cross-entropy

@@ -291,6 +291,8 @@ def validate_train(t: Mapping[str, Any], where: str, block: int | None = None,
         _positive_int(n(k), t[k], zero_ok=True)
     if t["prefetch_mode"] not in ("auto", "thread", "process"):
         raise ConfigError(f"{n('prefetch_mode')} must be \"auto\", \"thread\" or \"process\", got {t['prefetch_mode']!r}")
+    if not isinstance(t.get("compile", False), bool):
+        raise ConfigError(f"{n('compile')} must be true or false, got {t['compile']!r}")
     if not isinstance(t["tensorboard"], bool):
         raise ConfigError(f"{n('tensorboard')} must be true or false, got {t['tensorboard']!r}")
     for k in ("batch_size", "checkpoint_every", "log_every", "prefetch_workers"):
