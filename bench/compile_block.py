@@ -1,6 +1,7 @@
 """``train.compile`` measured on an experiment's own block: the training step of block ``--block``
 eager and through ``torch.compile``, in interleaved rounds in one run, each from the same
-initialisation and batches (the boundary store, prefetching as the default does). Prints, per arm,
+initialisation and batches (the boundary store, prefetching as the default does), after three
+untimed eager steps (a process's first steps run slower). Prints, per arm,
 the first step (the compile, paid once per TrainBlock; it reads TorchInductor's cache, which the
 first compiled round of a fresh machine fills), the median step after it, and the MFU of that
 median against this process's matmul probe (:mod:`zgcore.training.mfu`, FLOPs from
@@ -13,7 +14,6 @@ The last line: ``compile speed-up X (steady step), Y over a 150-step block``.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -23,39 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="default", help="experiment preset (default: default)")
-    ap.add_argument("--set", default="", help="overrides")
-    ap.add_argument("--outputs", default="outputs", help="outputs folder holding the experiment's boundary store")
-    ap.add_argument("--block", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=12, help="steps per arm and round (default 12)")
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
-    a = ap.parse_args(argv)
+    from bench.prefetch_default import block_arguments, block_inputs
 
-    import luigi
+    a = block_arguments(__doc__, 12, 2).parse_args(argv)
+
     import torch
 
-    from bench.prefetch_default import find_block
-    from tasks.teacher import teacher_record
     from zgcore.data.boundary_store import BoundaryReader
     from zgcore.evaluation import flops
     from zgcore.models.adapters import build_block
-    from zgcore.models.shapes import kept_layers, resolve_boundaries
     from zgcore.models.teacher_weights import layer_source
     from zgcore.training import mfu
-    from zgcore.training.blocks import block_seed, train_block
+    from zgcore.training.blocks import train_block
 
-    task = find_block(a.preset, a.set, a.outputs, a.block)
-    deps = luigi.task.flatten(task.requires())
-    if not all(d.complete() for d in deps):
-        luigi.build(deps, local_scheduler=True, workers=1, log_level="WARNING")
-    rec = teacher_record(task.teacher_task())
-    bs = resolve_boundaries(task.boundary, rec["n_layers"])
-    start, end = bs[a.block], bs[a.block + 1]
-    kept = kept_layers(start, end, task.train)
-    seed = block_seed(int(task.train["seed"]), a.block)
-    store = task.requires()["cache"].out_dir
-    base = {**dict(task.train), "max_steps": a.steps, "tensorboard": False, "checkpoint_every": 0, "lrs": []}
+    b = block_inputs(a)
+    task, rec, start, end, kept, seed, store, base = b.task, b.rec, b.start, b.end, b.kept, b.seed, b.store, b.base
     peak = mfu.probe("cpu")["peak_flops_per_second"]
     print(f"block {a.block} (layers {kept}), batch {base['batch_size']}, {a.steps} steps x {a.rounds} rounds, "
           f"torch threads {torch.get_num_threads()}, probe {peak / 1e9:.1f} GFLOP/s", flush=True)
@@ -65,6 +47,10 @@ def main(argv=None) -> dict:
     weights: dict[str, list[bytes]] = {k: [] for k in arms}
     step_flops = 0
     with tempfile.TemporaryDirectory(prefix="zg-compile-") as tmp:
+        warm = build_block(layer_source(rec), kept, task.train["init"], seed)  # untimed: the process's first steps
+        with BoundaryReader(store) as reader:
+            train_block(warm, reader, start, end, {**base, "max_steps": 3}, seed, Path(tempfile.mkdtemp(dir=tmp)),
+                        run_hash="bench-warm-up")
         for r in range(a.rounds):
             for arm in arms if r % 2 == 0 else arms[::-1]:
                 block = build_block(layer_source(rec), kept, task.train["init"], seed)

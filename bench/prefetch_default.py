@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,28 +43,28 @@ def find_block(preset: str, overrides: str, outputs: str, block: int):
     return found[0]
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def block_arguments(doc: str, steps: int, rounds: int) -> argparse.ArgumentParser:
+    """The command line of a bench that trains one block of a built experiment in interleaved rounds."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--preset", default="default", help="experiment preset (default: default)")
     ap.add_argument("--set", default="", help="overrides")
     ap.add_argument("--outputs", default="outputs", help="outputs folder holding the experiment's boundary store")
     ap.add_argument("--block", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=6, help="steps per arm and round (default 6)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    a = ap.parse_args(argv)
+    ap.add_argument("--steps", type=int, default=steps, help=f"steps per arm and round (default {steps})")
+    ap.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds (default {rounds})")
+    return ap
 
+
+def block_inputs(a: argparse.Namespace) -> SimpleNamespace:
+    """Block ``a.block`` of the experiment ``a.preset`` / ``a.set`` under ``a.outputs``, its inputs
+    built when missing: ``task``, the teacher record ``rec``, boundaries ``start`` / ``end``, the
+    ``kept`` teacher layers, the block's ``seed``, the boundary ``store`` folder and ``base``, its train
+    settings for ``a.steps`` steps with no checkpoints, TensorBoard or lr search."""
     import luigi
-    import numpy as np
-    import torch
 
-    from bench.common import InMemoryBoundaries
     from tasks.teacher import teacher_record
-    from zgcore.data.boundary_store import BoundaryReader
-    from zgcore.models.adapters import build_block
     from zgcore.models.shapes import kept_layers, resolve_boundaries
-    from zgcore.models.teacher_weights import layer_source
-    from zgcore.training.blocks import block_seed, train_block
-    from zgcore.data.feed import choose_mode, stored_batch_bytes
+    from zgcore.training.blocks import block_seed
 
     task = find_block(a.preset, a.set, a.outputs, a.block)
     deps = luigi.task.flatten(task.requires())
@@ -72,10 +73,27 @@ def main(argv=None) -> dict:
     rec = teacher_record(task.teacher_task())
     bs = resolve_boundaries(task.boundary, rec["n_layers"])
     start, end = bs[a.block], bs[a.block + 1]
-    kept = kept_layers(start, end, task.train)
-    seed = block_seed(int(task.train["seed"]), a.block)
-    store = task.requires()["cache"].out_dir
-    base = {**dict(task.train), "max_steps": a.steps, "tensorboard": False, "checkpoint_every": 0, "lrs": []}
+    return SimpleNamespace(task=task, rec=rec, start=start, end=end, kept=kept_layers(start, end, task.train),
+                           seed=block_seed(int(task.train["seed"]), a.block), store=task.requires()["cache"].out_dir,
+                           base={**dict(task.train), "max_steps": a.steps, "tensorboard": False,
+                                 "checkpoint_every": 0, "lrs": []})
+
+
+def main(argv=None) -> dict:
+    a = block_arguments(__doc__, 6, 3).parse_args(argv)
+
+    import numpy as np
+    import torch
+
+    from bench.common import InMemoryBoundaries
+    from zgcore.data.boundary_store import BoundaryReader
+    from zgcore.models.adapters import build_block
+    from zgcore.models.teacher_weights import layer_source
+    from zgcore.training.blocks import train_block
+    from zgcore.data.feed import choose_mode, stored_batch_bytes
+
+    b = block_inputs(a)
+    task, rec, start, end, kept, seed, store, base = b.task, b.rec, b.start, b.end, b.kept, b.seed, b.store, b.base
     print(f"block {a.block} (layers {kept}), batch {base['batch_size']}, {a.steps} steps x {a.rounds} rounds, "
           f"torch threads {torch.get_num_threads()}", flush=True)
     with BoundaryReader(store) as reader:

@@ -119,7 +119,7 @@ DEFAULTS: dict[str, Any] = {
         # force one kind. Not hashed
         "prefetch_mode": "auto",
         # torch.compile the block's training step (forward and backward; zgcore.training.blocks.train_block):
-        # 12% faster steps on the default experiment's CPU blocks after a one-off compile (docs/performance.md),
+        # 3-9% faster steps on the default experiment's CPU blocks after a one-off compile (docs/performance.md),
         # bitwise reproducible run to run but not bitwise the eager weights, so hashed when true
         "compile": False,
         "tensorboard": True,  # write loss, lr, grad norm, tokens/s to <outputs>/tensorboard (zgcore.training.watch); not hashed
