@@ -166,6 +166,7 @@ INITS = ("teacher", "random")
 MIXERS = ("softmax", "window", "linear", "linear_window", "none")  # zgcore.models.hf_converted_llama.MIXERS
 DTYPES = ("float32", "float16", "bfloat16")
 LOSS_NORMS = ("none", "token", "channel")
+PREFETCH_MODES = ("auto", "thread", "process")  # "auto": zgcore.data.feed.choose_mode; the rest: zgcore.data.feed.MODES
 TARGETS = ("cached", "online")
 
 # The values a key may take, by dotted key (the configuration reference lists them). The objective
@@ -174,5 +175,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "boundary.dtype": DTYPES, "boundary.teacher_dtype": DTYPES, "train.targets": TARGETS,
     "heal.targets": TARGETS, "distill.targets": TARGETS,
     "train.loss_norm": LOSS_NORMS, "train.keep": KEEP_POLICIES, "train.init": INITS, "train.mixer": MIXERS,
+    "train.prefetch_mode": PREFETCH_MODES,
     "library.budget_unit": ("params", "flops", "kv_bytes"),
 }

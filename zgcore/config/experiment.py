@@ -17,7 +17,8 @@ from typing import Any, Collection, Mapping
 import yaml
 
 from zgcore.checks import ConfigError, positive_int as _positive_int, validate_lr_search  # noqa: F401 (re-exported; validators below use the short name)
-from zgcore.config.defaults import DEFAULTS, DTYPES, INITS, KEEP_POLICIES, LOSS_NORMS, MIXERS, TARGETS, UNHASHED_TOP  # noqa: F401 (re-exported)
+from zgcore.config.defaults import (  # noqa: F401 (re-exported)
+    DEFAULTS, DTYPES, INITS, KEEP_POLICIES, LOSS_NORMS, MIXERS, PREFETCH_MODES, TARGETS, UNHASHED_TOP)
 from zgcore.config.distill import validate_distill
 from zgcore.models.shapes import n_kept, resolve_boundaries
 from zgcore.config.overrides import parse_overrides, split_overrides, yaml_load as _yaml  # noqa: F401 (re-exported)
@@ -289,16 +290,17 @@ def validate_train(t: Mapping[str, Any], where: str, block: int | None = None,
         raise ConfigError(f"{n('epochs')} must be >= 0, got {t['epochs']!r}")
     for k in ("max_steps", "warmup_steps", "seed", "prefetch"):
         _positive_int(n(k), t[k], zero_ok=True)
-    if t["prefetch_mode"] not in ("auto", "thread", "process"):
-        raise ConfigError(f"{n('prefetch_mode')} must be \"auto\", \"thread\" or \"process\", got {t['prefetch_mode']!r}")
+    if t["prefetch_mode"] not in PREFETCH_MODES:
+        raise ConfigError(f"{n('prefetch_mode')} must be one of {', '.join(map(repr, PREFETCH_MODES))}, "
+                          f"got {t['prefetch_mode']!r}")
     if not isinstance(t.get("compile", False), bool):
         raise ConfigError(f"{n('compile')} must be true or false, got {t['compile']!r}")
     if not isinstance(t["tensorboard"], bool):
         raise ConfigError(f"{n('tensorboard')} must be true or false, got {t['tensorboard']!r}")
-    for k in ("batch_size", "checkpoint_every", "log_every", "prefetch_workers"):
-        if k == "prefetch_workers" and t[k] == "auto":
-            continue
-        _positive_int(n(k) + (' (or "auto")' if k == "prefetch_workers" else ""), t[k])
+    for k in ("batch_size", "checkpoint_every", "log_every"):
+        _positive_int(n(k), t[k])
+    if t["prefetch_workers"] != "auto":
+        _positive_int(n("prefetch_workers") + ' (or "auto")', t["prefetch_workers"])
     if float(t["epochs"]) == 0 and int(t["max_steps"]) == 0:
         raise ConfigError(f"{where}: set {n('epochs')} > 0 or {n('max_steps')} > 0")
     validate_lr_search(n("lrs").rsplit(".", 1)[0], t["lrs"], t["lr_rounds"])  # train.lrs or blocks.<i>.lrs

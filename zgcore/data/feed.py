@@ -50,8 +50,6 @@ T = TypeVar("T")
 
 
 MODES = ("thread", "process")
-#: what ``train.prefetch_mode`` may name: a kind of worker, or ``"auto"`` (:func:`choose_mode`)
-KINDS = ("auto", *MODES)
 #: the batch size, in bytes, from which ``"auto"`` feeds an accelerator from worker processes: between
 #: the two accelerator regimes measured (9.4 MB batches, where threads cost less, and 16.8 MB, where
 #: processes do); a batch between them has not been measured
@@ -268,10 +266,12 @@ def stored_batch_bytes(reader, batch_size: int, arrays: int) -> int:
     """Bytes of ``batch_size`` sequences of ``arrays`` boundaries as ``reader``'s store holds them
     (``seq_len x hidden_size x`` the stored dtype's width each); 0 for a store whose manifest does not
     give those (a logit store)."""
+    from zgcore.device import torch_dtype
+
     m = getattr(reader, "manifest", {}) or {}
     if "seq_len" not in m or "hidden_size" not in m:
         return 0
-    width = torch.empty((), dtype=getattr(torch, str(m.get("dtype", "float32")))).element_size()
+    width = torch_dtype(str(m.get("dtype", "float32"))).itemsize
     return int(batch_size) * int(arrays) * int(m["seq_len"]) * int(m["hidden_size"]) * width
 
 

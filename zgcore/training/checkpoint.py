@@ -8,6 +8,8 @@ from typing import Any, Mapping
 
 import torch
 
+from zgcore.atomic import set_aside
+
 # 3: {"format", "modules", "optimizers", "torch_rng", "step", "log", "run_hash", "digest"}, weights_only;
 # "digest" (state_digest of the rest) is checked on load: torch.load does not check its zip's CRCs
 CKPT_FORMAT = 3
@@ -73,8 +75,6 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
 
 
 def _move_aside(path: Path, e: Exception) -> None:
-    from zgcore.atomic import set_aside
-
     bad = set_aside(path, "corrupt")  # <name>.corrupt-<time>[-n]: a second bad checkpoint never replaces the first
     if bad is None:
         raise OSError(f"checkpoint {path} is malformed ({type(e).__name__}) and could not be moved aside; "
