@@ -9,8 +9,8 @@ The probe: square matmuls of ``PROBE_N`` (CPU, float32 at torch's current thread
 is taken once per process, device and thread count and recorded with every figure divided by it.
 Why that long: on the shared 2-core machine the best of five calls (about 10 ms) read 108-179
 GFLOP/s in processes seconds apart, and even the best of forty (80 ms) once read 90, where the
-model's own large matmuls run at 180-188; a stall of the virtual machine longer than the window
-lowers the best of it.
+model's own large matmuls run at 180-188 (the best over half a second read 142-186); a stall of the
+virtual machine longer than the window lowers the best of it.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ PROBE_N = 512
 PROBE_N_CUDA = 4096
 PROBE_REPEATS = 40
 PROBE_WARMUP = 3
-PROBE_SECONDS = 0.5
+PROBE_SECONDS = 0.3
 _peaks: dict[tuple[str, int], dict[str, Any]] = {}
 
 
