@@ -42,7 +42,8 @@ def test_no_scheduler_fails_in_one_line_at_once_naming_both_fixes(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == NO_SCHEDULER_EXIT == 2 and len(lines) == 1, r.stderr[-2000:]
     assert "--local-scheduler" in lines[0] and "luigid" in lines[0] and "default-scheduler-url" in lines[0]
-    assert spent < 5, f"{spent:.1f} s beyond start-up before the scheduler error"
+    # no retry loop: at most about one more start-up (a loaded machine slows both alike), never luigi's retries
+    assert spent < max(5.0, 1.5 * startup), f"{spent:.1f} s beyond a {startup:.1f} s start-up before the scheduler error"
     assert not (tmp_path / "o").exists()  # nothing ran
 
 
