@@ -25,18 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def scoring_task(root, family: str = "ScoreAssembled", held_out: bool = True):
     """The first task of ``family`` in ``root``'s graph scoring an ``eval.extra`` corpus
     (``held_out``) or the validation split; ``None`` when the graph has none."""
-    from luigi.task import flatten
+    from workflows.experiment import walk
 
-    seen, stack = set(), [root]
-    while stack:
-        t = stack.pop()
-        if t.task_id in seen:
-            continue
-        seen.add(t.task_id)
-        if t.get_task_family() == family and bool(getattr(t, "held_out", {})) == held_out:
-            return t
-        stack.extend(flatten(t.requires()))
-    return None
+    return next((t for t in walk(root) if t.get_task_family() == family
+                 and bool(getattr(t, "held_out", {})) == held_out), None)
 
 
 def main(argv=None) -> dict:
