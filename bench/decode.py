@@ -8,6 +8,10 @@ divided by the teacher's at the same context, the models alternated in the same 
 
     python bench/decode.py --quick                                  # tiny-llama, contexts 64 and 128
     python bench/decode.py --teacher smollm2-135m --contexts 512 4096 --new 64 --json decode.json
+    python bench/decode.py --mixers linear_window --hybrid linear_window linear_window softmax   # the library's pick
+
+``--hybrid M1 M2 ...`` adds a student of len(M) equal partitions, partition i converted to mixer Mi
+(``softmax`` keeps the teacher's attention there), as the library's selected student is built.
 """
 from __future__ import annotations
 
@@ -47,15 +51,29 @@ def main() -> int:
     ap.add_argument("--outputs", default="outputs")
     ap.add_argument("--quick", action="store_true", help="tiny-llama, contexts 64 and 128, 16 new tokens")
     ap.add_argument("--json", default=None)
+    from zgcore.models.hf_converted_llama import MIXERS
+
+    ap.add_argument("--mixers", nargs="*", choices=MIXERS[1:], default=["window", "linear", "linear_window"],
+                    help="uniform students to time: every layer converted to this mixer")
+    ap.add_argument("--hybrid", nargs="+", default=None, metavar="MIXER", choices=MIXERS,
+                    help="a student of equal partitions, one mixer each (softmax: the teacher's attention)")
     a = ap.parse_args()
     if a.quick:
         a.teacher, a.contexts, a.new, a.window, a.repeats, a.outputs = "tiny-llama", [64, 128], 16, 8, 2, tempfile.mkdtemp()
     teacher, _tok = zteacher.load(zteacher.materialise(a.teacher, a.outputs, log=lambda *_: None))
     n = teacher.config.num_hidden_layers
     models = {"teacher": teacher}
-    for mixer in ("window", "linear", "linear_window"):
+    for mixer in a.mixers:
         models[mixer] = assemble_exact(teacher, [build_block(teacher, list(range(n)), "teacher", 0, mixer=mixer,
                                                              window=a.window)])
+    if a.hybrid:
+        k = len(a.hybrid)
+        if n % k:
+            ap.error(f"--hybrid: {k} partitions do not divide the teacher's {n} layers evenly; give a divisor of {n}")
+        step = n // k
+        models["hybrid:" + ",".join(a.hybrid)] = assemble_exact(teacher, [
+            build_block(teacher, list(range(i * step, (i + 1) * step)), "teacher", i, mixer=m, window=a.window)
+            for i, m in enumerate(a.hybrid)])
 
     @torch.no_grad()
     def prefill(m, prompt):
@@ -78,7 +96,7 @@ def main() -> int:
         for k, m in models.items():
             t0 = time.perf_counter()
             prefilled[k] = prefill(m, prompt)
-            print(f"context {ctx:6d}  {k:14} prefilled in {time.perf_counter() - t0:7.1f} s", flush=True)
+            print(f"context {ctx:6d}  {k:40} prefilled in {time.perf_counter() - t0:7.1f} s", flush=True)
         best = {k: float("inf") for k in models}
         nbytes = {}
         for _ in range(a.repeats):  # alternate the models so a neighbour's load hits them alike
@@ -90,10 +108,11 @@ def main() -> int:
             tps = a.new / best[k]
             rows.append({"context": ctx, "model": k, "tokens_per_s": tps, "vs_teacher": tps / (a.new / best["teacher"]),
                          "cache_bytes": nbytes[k]})
-            print(f"context {ctx:6d}  {k:14} {tps:9.1f} tokens/s  x{rows[-1]['vs_teacher']:.2f} of the teacher  "
+            print(f"context {ctx:6d}  {k:40} {tps:9.1f} tokens/s  x{rows[-1]['vs_teacher']:.2f} of the teacher  "
                   f"cache {nbytes[k] / 2**20:8.2f} MiB", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps({"teacher": a.teacher, "new": a.new, "window": a.window, "rows": rows}, indent=1))
+        Path(a.json).write_text(json.dumps({"teacher": a.teacher, "new": a.new, "window": a.window, "hybrid": a.hybrid,
+                                            "rows": rows}, indent=1))
     return 0
 
 
