@@ -3,6 +3,7 @@
     pip install lm-eval==0.4.13          # not a dependency of ZeroGraph: only this check needs it
     python scripts/lm_eval_check.py
     python scripts/lm_eval_check.py --converted   # a converted student (window, linear_window, none mixers)
+    python scripts/lm_eval_check.py --folder outputs/Assemble/student-<hash>/model   # a folder you built
 
 Builds a tiny random Llama teacher and a heterogeneous student from it (partitions with their own
 MLP widths and key-value heads, as a library selection assembles: ``zgcore.models.hetero``), saves
@@ -13,7 +14,8 @@ pretrained=<folder>,trust_remote_code=True`` builds) and asks it for ``loglikeli
 log-probabilities (nats) computed from the folder's own logits. No benchmark dataset is
 downloaded (the Hub is not reachable here): the requests are written below. With ``--converted``
 the folder is a converted student instead (``zgcore.models.hf_converted_llama``: layers whose token
-mixers are softmax, window, linear_window and none), scored the same way.
+mixers are softmax, window, linear_window and none), scored the same way. With ``--folder`` the
+folder is one already on disk (an assembled, healed or library student), scored the same way.
 
 Exit status 0 when every answer matches to 1e-4 nats, 1 otherwise; the last line says which.
 """
@@ -57,17 +59,19 @@ def build_folder(root: Path, converted: bool = False) -> Path:
     return root / "student"
 
 
-def own_logprob(model, tok, context: str, continuation: str) -> float:
+def own_logprob(model, tok, context: str, continuation: str, prefix_id: int) -> float:
     """Sum over the continuation's tokens of log p(token | everything before it), nats. As
-    lm-eval-harness does, the context's trailing whitespace is moved to the continuation."""
+    lm-eval-harness does, the context's trailing whitespace is moved to the continuation, and an
+    empty context is the one token ``prefix_id`` (lm-eval's ``prefix_token_id``: the tokenizer's
+    beginning-of-text token, else its end-of-text token)."""
     import torch
 
     context, continuation = context.rstrip(), context[len(context.rstrip()):] + continuation
 
     ctx = tok(context, add_special_tokens=False)["input_ids"]
     cont = tok(continuation, add_special_tokens=False)["input_ids"]
-    if not ctx:  # lm-eval puts the end-of-text token first when the context is empty
-        ctx = [tok.eos_token_id]
+    if not ctx:  # lm-eval puts its prefix token first when the context is empty
+        ctx = [prefix_id]
     ids = torch.tensor([ctx + cont])
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=ids).logits.float(), -1)[0]
@@ -75,6 +79,15 @@ def own_logprob(model, tok, context: str, continuation: str) -> float:
 
 
 def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--converted", action="store_true", help="build a converted tiny student instead")
+    ap.add_argument("--folder", type=Path, default=None, help="score this student folder instead of building one")
+    a = ap.parse_args()
+    if a.folder is not None and not (a.folder / "config.json").is_file():
+        ap.error(f"--folder {a.folder}: no config.json there; give a model folder (e.g. outputs/Assemble/<name>/model)")
+
     import torch
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
@@ -83,8 +96,8 @@ def main() -> int:
 
     root = Path(tempfile.mkdtemp(prefix="lm_eval_check-"))
     try:
-        converted = "--converted" in sys.argv[1:]
-        folder = build_folder(root, converted)
+        converted = a.converted
+        folder = a.folder if a.folder is not None else build_folder(root, converted)
         lm = HFLM(pretrained=str(folder), trust_remote_code=True, dtype="float32", device="cpu", batch_size=1)
         print(f"lm-eval {version('lm-eval')} loaded {type(lm.model).__name__} from {folder}")
         got = [ll for ll, _ in lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(REQUESTS)])]
@@ -92,14 +105,15 @@ def main() -> int:
                                             for i, (c, x) in enumerate(REQUESTS)])
         model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
         tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-        want = [own_logprob(model, tok, c, x) for c, x in REQUESTS]
-        want_rolling = [own_logprob(model, tok, "", c + x) for c, x in REQUESTS]
+        want = [own_logprob(model, tok, c, x, lm.prefix_token_id) for c, x in REQUESTS]
+        want_rolling = [own_logprob(model, tok, "", c + x, lm.prefix_token_id) for c, x in REQUESTS]
         worst = 0.0
         for (c, x), g, w, gr, wr in zip(REQUESTS, got, want, rolling, want_rolling):
             worst = max(worst, abs(g - w), abs(gr - wr))
             print(f"  {c + x!r:48} loglikelihood {g:10.4f} (own {w:10.4f})  rolling {gr:10.4f} (own {wr:10.4f})")
         ok = worst <= 1e-4
-        print(f"lm-eval-harness scores the {'converted' if converted else 'heterogeneous'} folder {'as' if ok else 'NOT as'} its own logits do: "
+        what = str(a.folder) if a.folder is not None else "converted" if converted else "heterogeneous"
+        print(f"lm-eval-harness scores the {what} folder {'as' if ok else 'NOT as'} its own logits do: "
               f"largest difference {worst:.2e} nats")
         return 0 if ok else 1
     finally:
