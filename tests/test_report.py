@@ -87,6 +87,9 @@ def test_seed_summary_and_study_never_average_or_pass_an_undefined_gap():
     assert st["rows"][0]["gap_recovered"] is None and st["rows"][0]["gates"]["quality"] is None
     smd = study_markdown(st)
     assert "undefined" in smd and "quality undefined" in smd and "FAIL" not in smd and "plumbing checks" in smd
+    assert "not compared" in smd and "byte for byte:" not in smd  # no online arm: no empty list under a heading
+    both = arms + [{**arms[0], "targets": "online"}]
+    assert "- clean/s0: identical" in study_markdown(objective_study(both))  # no files on either side: equal
 
 
 def test_economics_projects_the_other_mode_from_measured_times():

@@ -187,7 +187,11 @@ def study_markdown(study: dict[str, Any]) -> str:
         lines += ["", f"Teacher held-out CE {num(r0['ce_teacher'])}; untrained student {num(r0['ce_untrained'])} nats/token."]
         if r0["gap_recovered"] is None and r0.get("gap_reason"):
             lines += ["", f"Gap recovered is undefined: {r0['gap_reason']}."]
-    lines += ["", "Cached vs online block weights, byte for byte:", ""]
-    lines += [f"- {k}: {'identical' if v else 'DIFFERENT'}" for k, v in study["identical"].items()]
+    if study["identical"]:
+        lines += ["", "Cached vs online block weights, byte for byte:", ""]
+        lines += [f"- {k}: {'identical' if v else 'DIFFERENT'}" for k, v in study["identical"].items()]
+    else:
+        lines += ["", "Cached vs online block weights: not compared (no objective and seed was trained from both "
+                  "target sources; an arm with online targets adds the byte-for-byte check)."]
     lines += ["", "![arms](arms.png)", ""]
     return "\n".join(lines + comparisons_lines(study.get("comparisons")))
