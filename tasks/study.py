@@ -70,7 +70,8 @@ class ObjectiveStudyReport(_ManyEvaluations):
     """One comparison report over the study's arms ({clean, noisy, denoise} x {cached, online} x seeds)."""
 
     # 6: a study without online arms says the byte-for-byte check was not made (it printed an empty list)
-    code_version = 6
+    # 7: no local reduction for attention-transfer blocks (first and final losses are different quantities)
+    code_version = 7
     arms = luigi.ListParameter(visibility=HIDDEN, description="[{objective, targets, seed, blocks}]")
 
     def requires(self):

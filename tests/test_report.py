@@ -90,6 +90,12 @@ def test_seed_summary_and_study_never_average_or_pass_an_undefined_gap():
     assert "not compared" in smd and "byte for byte:" not in smd  # no online arm: no empty list under a heading
     both = arms + [{**arms[0], "targets": "online"}]
     assert "- clean/s0: identical" in study_markdown(objective_study(both))  # no files on either side: equal
+    at = {**arms[0], "objective": "attention_transfer", "report": {**tiny, "blocks": [
+        {**b, "objective": "attention_transfer", "first_loss": 4.0, "final_loss": 0.1} for b in tiny["blocks"]]}}
+    st2 = objective_study(arms + [at])
+    assert st2["rows"][0]["local_reduction"] == [pytest.approx(0.5)]  # clean: 1.0 -> 0.5, one quantity
+    assert st2["rows"][1]["local_reduction"] == [None]  # attention error -> boundary error: not a reduction
+    assert "97.50%" not in study_markdown(st2) and "do not measure one thing" in study_markdown(st2)
 
 
 def test_economics_projects_the_other_mode_from_measured_times():

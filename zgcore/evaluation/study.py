@@ -126,7 +126,7 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     Returns:
         ``rows`` (one per arm: local objective's final value per block, its reduction from the first
-        step, held-out CE, gap recovered, context use, gates), ``identical`` (per objective and
+        step (``None`` for an ``attention_transfer`` block, whose loss changes quantity), held-out CE, gap recovered, context use, gates), ``identical`` (per objective and
         seed: whether the cached and online arms' block weights are byte-identical) and
         ``comparisons`` (:mod:`zgcore.evaluation.compare`, pooled over seeds; needs each arm's ``scores``, the
         student's per-sequence CE ``[n]``): per target source noisy vs clean, denoise vs clean,
@@ -140,7 +140,10 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
         rows.append({"arm": f"{a['objective']}/{a['targets']}" + (f"/s{a['seed']}" if a.get("multi_seed") else ""),
                      "objective": a["objective"], "targets": a["targets"], "seed": a["seed"],
                      "local_final": [b["final_loss"] for b in blocks],
-                     "local_reduction": [_reduction(b["first_loss"], b["final_loss"]) for b in blocks],
+                     # an attention-transfer block's first loss is an attention-output error and its last a
+                     # boundary error once train.transfer_steps end: two quantities, no reduction between them
+                     "local_reduction": [None if b.get("objective") == "attention_transfer"
+                                         else _reduction(b["first_loss"], b["final_loss"]) for b in blocks],
                      "ce_student": r["cross_entropy"]["student"], "ce_teacher": r["cross_entropy"]["teacher"],
                      "ce_untrained": r["cross_entropy"]["untrained"], "gap_recovered": r["gap_recovered"],
                      "gap_reason": r.get("gap_reason"), "teacher_note": r.get("teacher_note"),
@@ -182,6 +185,10 @@ def study_markdown(study: dict[str, Any]) -> str:
                      "gates", "train s", "training FLOPs"], rows), "",
               "Training FLOPs: student forward and backward of every block, plus the teacher's forwards (the whole "
               "cache build for cached arms, each step's forward for online ones); zgcore.evaluation.flops."]
+    if any(r["objective"] == "attention_transfer" for r in study["rows"]):
+        lines += ["", "Attention-transfer arms show no local reduction: a block's first loss is the error of its mixers' "
+                  "outputs against the teacher attention's, its final loss (after train.transfer_steps) a boundary "
+                  "error, so the two do not measure one thing."]
     if study["rows"]:
         r0 = study["rows"][0]
         lines += ["", f"Teacher held-out CE {num(r0['ce_teacher'])}; untrained student {num(r0['ce_untrained'])} nats/token."]
