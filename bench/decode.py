@@ -10,8 +10,9 @@ divided by the teacher's at the same context, the models alternated in the same 
     python bench/decode.py --teacher smollm2-135m --contexts 512 4096 --new 64 --json decode.json
     python bench/decode.py --mixers linear_window --hybrid linear_window linear_window softmax   # the library's pick
 
-``--hybrid M1 M2 ...`` adds a student of len(M) equal partitions, partition i converted to mixer Mi
-(``softmax`` keeps the teacher's attention there), as the library's selected student is built.
+``--hybrid M1 M2 ...`` adds a student of len(M) partitions, split as the graph splits
+``boundary.num_blocks`` (``zgcore.models.shapes.resolve_boundaries``), partition i converted to mixer
+Mi (``softmax`` keeps the teacher's attention there), as the library's selected student is built.
 """
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def main() -> int:
 
     from zgcore.models import teacher as zteacher
     from zgcore.models.adapters import build_block
+    from zgcore.checks import ConfigError
     from zgcore.models.hetero import assemble_exact
+    from zgcore.models.shapes import resolve_boundaries
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--teacher", default="smollm2-135m")
@@ -66,13 +69,13 @@ def main() -> int:
     for mixer in a.mixers:
         models[mixer] = assemble_exact(teacher, [build_block(teacher, list(range(n)), "teacher", 0, mixer=mixer,
                                                              window=a.window)])
-    if a.hybrid:
-        k = len(a.hybrid)
-        if n % k:
-            ap.error(f"--hybrid: {k} partitions do not divide the teacher's {n} layers evenly; give a divisor of {n}")
-        step = n // k
+    if a.hybrid:  # partitioned as the graph partitions boundary.num_blocks = len(--hybrid)
+        try:
+            bs = resolve_boundaries({"boundaries": None, "num_blocks": len(a.hybrid)}, n)
+        except ConfigError as e:
+            ap.error(f"--hybrid: {e}")
         models["hybrid:" + ",".join(a.hybrid)] = assemble_exact(teacher, [
-            build_block(teacher, list(range(i * step, (i + 1) * step)), "teacher", i, mixer=m, window=a.window)
+            build_block(teacher, list(range(bs[i], bs[i + 1])), "teacher", i, mixer=m, window=a.window)
             for i, m in enumerate(a.hybrid)])
 
     @torch.no_grad()

@@ -96,8 +96,7 @@ def main() -> int:
 
     root = Path(tempfile.mkdtemp(prefix="lm_eval_check-"))
     try:
-        converted = a.converted
-        folder = a.folder if a.folder is not None else build_folder(root, converted)
+        folder = a.folder if a.folder is not None else build_folder(root, a.converted)
         lm = HFLM(pretrained=str(folder), trust_remote_code=True, dtype="float32", device="cpu", batch_size=1)
         print(f"lm-eval {version('lm-eval')} loaded {type(lm.model).__name__} from {folder}")
         got = [ll for ll, _ in lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(REQUESTS)])]
@@ -112,7 +111,7 @@ def main() -> int:
             worst = max(worst, abs(g - w), abs(gr - wr))
             print(f"  {c + x!r:48} loglikelihood {g:10.4f} (own {w:10.4f})  rolling {gr:10.4f} (own {wr:10.4f})")
         ok = worst <= 1e-4
-        what = str(a.folder) if a.folder is not None else "converted" if converted else "heterogeneous"
+        what = str(a.folder) if a.folder is not None else "converted" if a.converted else "heterogeneous"
         print(f"lm-eval-harness scores the {what} folder {'as' if ok else 'NOT as'} its own logits do: "
               f"largest difference {worst:.2e} nats")
         return 0 if ok else 1

@@ -126,7 +126,8 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     Returns:
         ``rows`` (one per arm: local objective's final value per block, its reduction from the first
-        step (``None`` for an ``attention_transfer`` block, whose loss changes quantity), held-out CE, gap recovered, context use, gates), ``identical`` (per objective and
+        step (``None`` for an ``attention_transfer`` block, whose loss changes quantity), held-out CE,
+        gap recovered, context use, gates), ``identical`` (per objective and
         seed: whether the cached and online arms' block weights are byte-identical) and
         ``comparisons`` (:mod:`zgcore.evaluation.compare`, pooled over seeds; needs each arm's ``scores``, the
         student's per-sequence CE ``[n]``): per target source noisy vs clean, denoise vs clean,
