@@ -157,7 +157,16 @@ def capture_boundaries(teacher: nn.Module, input_ids: torch.Tensor, boundaries: 
     Returns:
         ``{b: tensor[batch, seq, hidden] float32}``. Only layers up to ``max(boundaries)`` run;
         the final norm and LM head never do.
+
+    The teacher runs one sequence at a time, so a sequence's boundaries are the same bits whichever
+    batch it comes in: a matrix product's rounding may depend on how many rows it has (MKL's AVX2
+    kernels do; its AVX-512 ones here did not, which hid it), and the cache build's batches are not
+    training's. That is what makes cached and online targets bitwise identical on any machine, as
+    :func:`zgcore.data.logit_store.online_targets` does for the top-k logits.
     """
+    if input_ids.shape[0] > 1:
+        per_seq = [capture_boundaries(teacher, input_ids[i: i + 1], boundaries) for i in range(input_ids.shape[0])]
+        return {b: torch.cat([c[b] for c in per_seq]) for b in boundaries}
     ad = adapter_for(teacher)
     layers = ad.decoder_layers(teacher)
     out: dict[int, torch.Tensor] = {}
