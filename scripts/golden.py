@@ -20,6 +20,14 @@ The bytes are a property of the code and of the library versions (:data:`LIBRARI
 records the versions it was written under, ``constraints.txt`` pins them for the suite, and the
 contract compares bytes only under the recorded versions (elsewhere it says which differ).
 
+The bytes are also a property of the machine: the CPU's instruction set picks torch's and MKL's
+kernels, whose float32 sums round differently (a move to a newer Xeon moved every trained block's
+last bits with no change here). So each file records the machine it was written on
+(:func:`machine`: architecture, vendor, torch's CPU capability, the vector instruction flags) and,
+beside the digests, the *values* behind them (:func:`values`: every recorded report number and each
+weights file's L2 norm). On the recording machine every digest must match byte for byte; on
+another machine the values must match within :data:`RTOL`, and the bytes are said not compared.
+
 Not recorded: ``task.json`` (it carries times and hosts), plots (PNG metadata), logs, TensorBoard
 event files, the HDF5 boundary shards (HDF5 writes object timestamps); the weights trained from
 them are recorded instead, so a change of their values shows there.
@@ -37,6 +45,7 @@ import argparse
 import hashlib
 import json
 import math
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -95,6 +104,96 @@ def digests(tasks) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+# tolerance of a recorded value on a machine other than the recording one (|a - b| <= ATOL + RTOL |a|):
+# float32 sums rounded by other kernels move a tiny run's values by far less (docs/internals.md says
+# how it was measured); a changed computation moves them by far more
+RTOL = 1e-3
+ATOL = 1e-6
+
+
+def values(tasks) -> dict[str, dict[str, float]]:
+    """``{key: {name: value}}`` behind :func:`digests`, comparable across machines: each
+    ``report.json``'s recorded numbers (the same keys the digest hashes) and each ``*.safetensors``
+    file's ``{"l2": sqrt(sum of squares)}`` over its floating-point tensors, summed in float64."""
+    import torch
+    from safetensors.torch import load_file
+
+    out: dict[str, dict[str, float]] = {}
+    seen: dict[str, int] = {}
+    for t in tasks:
+        folder = Path(t.out_dir)
+        title = t.title()
+        seen[title] = seen.get(title, 0) + 1
+        if seen[title] > 1:
+            title = f"{title} [{seen[title]}]"
+        if not folder.is_dir():
+            continue
+        for f in sorted(folder.rglob("*.safetensors")):
+            sq = sum(float(v.double().pow(2).sum()) for v in load_file(f).values() if v.is_floating_point())
+            out[f"{title}/{f.relative_to(folder)}"] = {"l2": float(f"{math.sqrt(sq):.9g}")}
+        for f in sorted(folder.rglob("report.json")):
+            out[f"{title}/{f.relative_to(folder)}"] = _numbers(json.loads(f.read_text()))
+    return dict(sorted(out.items()))
+
+
+def machine() -> dict[str, str]:
+    """What picks the CPU kernels, so what can move a recorded byte: ``{"arch", "vendor",
+    "cpu_capability" (torch's dispatch level: DEFAULT, AVX2, AVX512, ...), "isa" (a digest of the
+    CPU's vector instruction flags: avx*, amx*, fma, f16c, sse*)}``. Two machines with equal
+    records compute the tiny presets alike."""
+    import torch
+
+    vendor, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "vendor_id" and not vendor:
+                vendor = val.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(val.split())
+    except OSError:
+        pass
+    isa = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse", "ssse", "asimd", "sve"))))
+    return {"arch": platform.machine(), "vendor": vendor, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "isa": hashlib.sha256(isa.encode()).hexdigest()[:16]}
+
+
+def machine_difference(preset: str) -> list[str]:
+    """How this machine differs from the one ``preset``'s digests were recorded on (``[]``: the
+    same, so the bytes must match). A record without a machine counts as another machine."""
+    p = golden_path(preset)
+    if not p.is_file():
+        return []
+    want, have = json.loads(p.read_text()).get("machine", {}), machine()
+    return [f"{k} {want.get(k, '?')} recorded, {have[k]} here" for k in have if want.get(k) != have[k]]
+
+
+def value_difference(preset: str, got: dict[str, dict[str, float]]) -> list[str]:
+    """The recorded values of ``preset`` that ``got`` misses by more than :data:`RTOL` (relative)
+    plus :data:`ATOL`, one line each (``[]``: all within). A key or value present on one side only
+    is a line; an integer must be equal."""
+    p = golden_path(preset)
+    if not p.is_file():
+        return [f"no recorded values at {p}"]
+    want = json.loads(p.read_text()).get("values")
+    if want is None:
+        return [f"{p.name} records no values: re-record with `{COMMAND}`"]
+    lines = []
+    for k in sorted(set(want) | set(got)):
+        w, g = want.get(k), got.get(k)
+        if w is None or g is None:
+            lines.append(f"{k}: {'recorded' if g is None else 'not recorded'}, {'missing now' if g is None else 'present now'}")
+            continue
+        for n in sorted(set(w) | set(g)):
+            a, b = w.get(n), g.get(n)
+            same = (a == b if isinstance(a, int) and isinstance(b, int) or a is None or b is None
+                    or not (math.isfinite(a) and math.isfinite(b))
+                    else abs(a - b) <= ATOL + RTOL * abs(a))
+            if not same:
+                lines.append(f"{k} {n}: recorded {a}, now {b}")
+    return lines
+
+
 # the libraries whose version can move a recorded byte: the tiny teachers' initialisation and forward
 # (torch, transformers), tokenisation (tokenizers), the data path (numpy, h5py, safetensors)
 LIBRARIES = ("torch", "transformers", "tokenizers", "numpy", "h5py", "safetensors", "accelerate")
@@ -147,17 +246,18 @@ def difference(preset: str, got: dict[str, str]) -> list[str]:
     return lines
 
 
-def write(preset: str, got: dict[str, str]) -> Path:
-    """Record ``got`` as the digests of ``preset``; returns the file."""
+def write(preset: str, got: dict[str, str], vals: dict[str, dict[str, float]] | None = None) -> Path:
+    """Record ``got`` as the digests of ``preset`` (and ``vals`` as its values), with this
+    environment's library versions and this machine; returns the file."""
     GOLDEN.mkdir(parents=True, exist_ok=True)
     p = golden_path(preset)
-    p.write_text(json.dumps({"preset": preset, "written_by": COMMAND, "environment": environment(), "digests": got},
-                            indent=1) + "\n")
+    p.write_text(json.dumps({"preset": preset, "written_by": COMMAND, "environment": environment(),
+                             "machine": machine(), "digests": got, "values": vals or {}}, indent=1) + "\n")
     return p
 
 
-def run(name: str, outputs: Path) -> dict[str, str]:
-    """Run the registered workflow ``name`` on its tiny preset under ``outputs``; its digests."""
+def run(name: str, outputs: Path) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
+    """Run the registered workflow ``name`` on its tiny preset under ``outputs``; its digests and values."""
     import luigi
 
     import workflows
@@ -168,7 +268,8 @@ def run(name: str, outputs: Path) -> dict[str, str]:
     task = getattr(workflows, name)(preset=wf.tiny, outputs=str(outputs))
     if not luigi.build([task], local_scheduler=True, log_level="WARNING"):
         raise SystemExit(f"error: {name} --preset {wf.tiny} failed")
-    return digests(all_tasks(root_tasks("", [], wf.tiny, str(outputs), name)))
+    graph = all_tasks(root_tasks("", [], wf.tiny, str(outputs), name))
+    return digests(graph), values(graph)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,16 +284,23 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for name in args.workflow or registry.names():
         with tempfile.TemporaryDirectory() as tmp:
-            got = run(name, Path(tmp))
+            got, vals = run(name, Path(tmp))
         preset = registry.get(name).tiny
-        diff = difference(preset, got)
         env = environment_difference(preset)
+        mach = machine_difference(preset)
+        diff = value_difference(preset, vals) if mach and not env else difference(preset, got)
         if args.write:
-            print(f"{name}: wrote {write(preset, got).relative_to(REPO)} ({len(got)} digests)")
+            print(f"{name}: wrote {write(preset, got, vals).relative_to(REPO)} ({len(got)} digests)")
+        elif diff and mach and not env:
+            status = 1
+            print(f"{name} ({preset}): " + "\n  ".join([f"values beyond rtol {RTOL}:", *diff]))
         elif diff:
             status = 1
             why = ["recorded under other library versions (install with -c constraints.txt):", *env] if env else []
             print(f"{name} ({preset}): " + "\n  ".join(["digests differ:", *diff, *why]))
+        elif mach and not env:
+            print(f"{name} ({preset}): values within rtol {RTOL}; bytes not compared, recorded on another machine: "
+                  + "; ".join(mach))
         else:
             print(f"{name} ({preset}): {len(got)} digests as recorded")
     return status

@@ -29,12 +29,19 @@ def test_every_workflow_meets_the_contract_on_its_tiny_preset(name, built):
     wf = registry.get(name)
     out = built(name)
     assert check_workflow(wf, out) == []
-    got = golden.digests(all_tasks(root_tasks("", [], wf.tiny, str(out), name)))
+    graph = all_tasks(root_tasks("", [], wf.tiny, str(out), name))
+    got = golden.digests(graph)
     assert any(k.endswith(".safetensors") for k in got), f"{name}: no weights among the digests {sorted(got)}"
     env = golden.environment_difference(wf.tiny)
     if env:  # the bytes are per library version: compared only where they were recorded (CI installs constraints.txt)
         pytest.skip(f"{name}: contract met; output bytes not compared, recorded under other library versions: "
                     + "; ".join(env) + " (install with -c constraints.txt)")
+    vals = golden.value_difference(wf.tiny, golden.values(graph))
+    assert not vals, (f"{name} ({wf.tiny}): recorded values moved beyond rtol {golden.RTOL} (tests/golden/{wf.tiny}.json); "
+                      f"if the change is meant, record it with `{golden.COMMAND} --workflow {name}` and say why in the "
+                      "commit:\n" + "\n".join(vals))
+    if golden.machine_difference(wf.tiny):  # other kernels round float32 sums otherwise: the values are the check
+        return
     diff = golden.difference(wf.tiny, got)
     assert not diff, (f"{name} ({wf.tiny}): output bytes differ from tests/golden/{wf.tiny}.json; if the change is "
                       f"meant, record it with `{golden.COMMAND} --workflow {name}` and say why in the commit:\n"
@@ -96,3 +103,34 @@ def test_golden_digests_name_each_changed_file_and_skip_timings(tmp_path, monkey
     assert golden.difference("x_tiny", got) == [f"TrainBlock b0/block.safetensors: recorded {'aa' * 6}, now {'cc' * 6}"]
     assert golden._numbers({"ce": 1.23456789, "seconds": 3.2, "train_s": 1.0, "peak_rss_mb": 9, "rows": [{"gap": 0.5}]}) \
         == {"ce": 1.23457, "rows.0.gap": 0.5}
+
+
+def test_golden_values_hold_across_machines_within_tolerance_and_bytes_only_on_the_recording_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(golden, "GOLDEN", tmp_path)
+    here = golden.machine()
+    assert set(here) == {"arch", "vendor", "cpu_capability", "isa"} and all(here.values()), here
+    vals = {"Evaluate report/report.json": {"ce": 5.5635, "n": 13}, "TrainBlock b0/block.safetensors": {"l2": 12.5}}
+    golden.write("x_tiny", {"TrainBlock b0/block.safetensors": "aa" * 32}, vals)
+    assert golden.machine_difference("x_tiny") == []
+    assert golden.value_difference("x_tiny", vals) == []
+    drift = {"Evaluate report/report.json": {"ce": 5.5635 * (1 + golden.RTOL / 2), "n": 13},
+             "TrainBlock b0/block.safetensors": {"l2": 12.5 * (1 - golden.RTOL / 2)}}
+    assert golden.value_difference("x_tiny", drift) == []  # another machine's rounding
+    moved = {"Evaluate report/report.json": {"ce": 5.60, "n": 12}, "TrainBlock b0/block.safetensors": {"l2": 12.5}}
+    assert golden.value_difference("x_tiny", moved) == ["Evaluate report/report.json ce: recorded 5.5635, now 5.6",
+                                                        "Evaluate report/report.json n: recorded 13, now 12"]
+    assert golden.value_difference("x_tiny", {k: v for k, v in vals.items() if "report" in k}) == [
+        "TrainBlock b0/block.safetensors: recorded, missing now"]
+    rec = json.loads(golden.golden_path("x_tiny").read_text())
+    rec["machine"]["cpu_capability"] = "OTHER"
+    golden.golden_path("x_tiny").write_text(json.dumps(rec))
+    assert golden.machine_difference("x_tiny") == [f"cpu_capability OTHER recorded, {here['cpu_capability']} here"]
+
+
+def test_every_golden_file_records_its_machine_and_the_values_behind_each_digest():
+    from workflows import registry as reg
+
+    for name in reg.names():
+        rec = json.loads(golden.golden_path(reg.get(name).tiny).read_text())
+        assert set(rec.get("machine", {})) == set(golden.machine()), f"{reg.get(name).tiny}.json: no machine recorded"
+        assert set(rec["values"]) == set(rec["digests"]), f"{reg.get(name).tiny}.json: values and digests name other files"
