@@ -5,7 +5,8 @@
 #   1. carry [.device/teacher-1]                 command: bash scripts/device_check.sh stash
 #   2. carry [.device/teacher-2, .device/wheels] command: bash scripts/device_check.sh run
 # `run` rebuilds the SmolLM2 GGUF (sha256-checked), installs luigi and gguf from the carried wheels
-# if the image lacks them, runs the GPU tests (tests/test_device.py and the CUDA resume test), the
+# if the image lacks them, runs the GPU tests (tests/test_device.py and the CUDA resume test), fla's
+# linear-attention kernel against our PyTorch form (scripts/fla_check.py, fla-core from the wheels), the
 # input pipeline's accelerator figure (bench/gpu_feed.py: one SmolLM2-shaped block's step time and
 # device-busy fraction fed from memory, from the store synchronously, and prefetching), then the
 # default experiment with device=cuda (the README's command plus `--set device=cuda`) and its
@@ -14,7 +15,8 @@
 # Env: ZG_DEVICE (default cuda; `cpu` rehearses the script on a machine without a GPU),
 #      ZG_PRESET (default: the default experiment; e.g. `tiny` for a rehearsal),
 #      ZG_STASH (default /root/zg-stash), ZG_RUN_TIMEOUT (seconds, default 420),
-#      ZG_FEED_TIMEOUT (seconds for bench/gpu_feed.py, default 240; `--quick` when ZG_DEVICE=cpu).
+#      ZG_FEED_TIMEOUT (seconds for bench/gpu_feed.py, default 240; `--quick` when ZG_DEVICE=cpu),
+#      ZG_FLA_TIMEOUT (seconds for scripts/fla_check.py, default 180).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: device_check.sh stash|run}
@@ -59,6 +61,15 @@ step "GPU tests: tests/test_device.py, the CUDA SIGKILL-and-resume test"
 "$py" -m pytest -q -p no:cacheprovider tests/test_device.py "tests/test_resume.py::test_sigkill_mid_block_resumes_to_identical_bytes" -rs
 tests_rc=$?
 
+step "fla's chunked linear attention against the PyTorch form of the linear mixers (scripts/fla_check.py)"
+if [ "$device" = cuda ]; then
+    "$py" -c "import fla" 2>/dev/null || "$py" -m pip install --no-index --find-links .device/wheels fla-core einops
+    timeout "${ZG_FLA_TIMEOUT:-180}" "$py" scripts/fla_check.py --json "$out/fla_check.json"
+    fla_rc=$?
+else
+    echo "skipped: fla runs only on CUDA"; fla_rc=0
+fi
+
 step "accelerator figure: a cached block's busy fraction and step time, prefetching vs in memory (bench/gpu_feed.py)"
 feed_args=(--device "$device")
 [ "$device" = cpu ] && feed_args+=(--quick)
@@ -90,5 +101,5 @@ if [ "$run_rc" = 0 ]; then  # the experiment is built: bench/mfu.py only reads i
     [ -n "${ZG_PRESET:-}" ] && mfu_args+=(--preset "$ZG_PRESET")
     timeout 120 "$py" bench/mfu.py "${mfu_args[@]}" | tee "$out/mfu.txt"
 fi
-step "done: tests rc=$tests_rc, feed figure rc=$feed_rc, experiment rc=$run_rc"
-[ "$tests_rc" = 0 ] && [ "$run_rc" = 0 ]
+step "done: tests rc=$tests_rc, fla check rc=$fla_rc, feed figure rc=$feed_rc, experiment rc=$run_rc"
+[ "$tests_rc" = 0 ] && [ "$fla_rc" = 0 ] && [ "$run_rc" = 0 ]

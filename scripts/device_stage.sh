@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stage what the GPU check (scripts/device_check.sh) needs on a lent GPU machine that reaches no
 # package registry and takes at most 64 MiB of carried files per call:
-#   .device/wheels/   the Python packages its image lacks (luigi and its own dependencies, gguf)
+#   .device/wheels/   the Python packages its image lacks (luigi and its own dependencies, gguf,
+#                     fla-core for scripts/fla_check.py)
 #   .device/teacher-1/, .device/teacher-2/   the SmolLM2 GGUF (94 MB) split in two halves,
 #                     one carried per call
 # Run here, from the repository root, after the default teacher was prepared once (any
@@ -16,7 +17,8 @@ pip=${PIP:-.venv/bin/pip}
 rm -rf .device && mkdir -p .device/wheels .device/teacher-1 .device/teacher-2
 "$pip" download --no-deps --only-binary=:all: --python-version "$py" --implementation cp \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-    -d .device/wheels luigi tornado tenacity python-daemon lockfile gguf "python-dateutil<3" six
+    -d .device/wheels luigi tornado tenacity python-daemon lockfile gguf "python-dateutil<3" six \
+    fla-core==0.6.0 einops packaging
 half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
 head -c "$half" "$gguf" > .device/teacher-1/part
 tail -c +$(( half + 1 )) "$gguf" > .device/teacher-2/part

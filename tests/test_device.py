@@ -29,3 +29,14 @@ def test_tiny_experiment_on_cuda(tmp_path, run_graph):
 def test_cuda_on_a_cpu_machine_fails_with_a_clear_message(tmp_path, run_graph):
     ok, ran = run_graph(RunExperiment(preset="", set=tiny_cfg() + " device=cuda", outputs=str(tmp_path)))
     assert not ok
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_fla_kernel_and_the_pytorch_form_agree_on_cuda():
+    from zgcore.models.hf_converted_llama import fla_linear_attn
+
+    if fla_linear_attn() is None:
+        pytest.skip("flash-linear-attention is not installed: scripts/device_check.sh installs fla-core")
+    from scripts.fla_check import main
+
+    assert main(["--lengths", "100", "256", "--batch", "1"]) == 0

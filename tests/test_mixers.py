@@ -263,3 +263,59 @@ def test_library_mixer_variants_fail_at_graph_build_for_a_family_that_cannot_tak
         library_plan(load_config("", "teacher=tiny-qwen3 library.variants=[{n_layers: 1}, {mixer: linear}]", "library_tiny"))
     with pytest.raises(ConfigError, match=r"library.variants\[0\].mixer must be one of"):
         load_config("", "library.variants=[{mixer: mamba}]", "library_tiny")
+
+
+def fake_fla(q, k, v, scale=None, initial_state=None, output_final_state=False, normalize=True, cu_seqlens=None):
+    """fla's ``chunk_linear_attn`` contract in plain PyTorch (``[B, T, H, K]`` layout, causal,
+    ``normalize=False``: the bare sums), so the CPU can run the dispatch that CUDA takes."""
+    assert not normalize and scale == 1.0 and initial_state is None and q.shape[:3] == k.shape[:3] == v.shape[:3]
+    t = q.shape[1]
+    causal = torch.ones(t, t).tril().bool()
+    a = torch.einsum("bthk,bshk->bhts", q, k).masked_fill(~causal, 0)
+    return torch.einsum("bhts,bshv->bthv", a, v), None
+
+
+@pytest.mark.parametrize("mixer", ["linear", "linear_window"])
+@pytest.mark.parametrize("length", [5, 3 * WINDOW, 3 * WINDOW + 5])
+def test_the_fla_dispatch_computes_what_the_pytorch_form_does(mixer, length, monkeypatch):
+    from zgcore.models import hf_converted_llama as hcl
+
+    m = converted([mixer, "softmax", mixer, "window"])
+    ids = torch.randint(0, 256, (2, length), generator=torch.Generator().manual_seed(2))
+
+    def run(kernel):
+        for mod in m.modules():
+            if isinstance(mod, hcl.ZGMixer):
+                mod.kernel = kernel
+        m.zero_grad()
+        out = m(ids).logits
+        out.float().pow(2).mean().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    calls = []
+    monkeypatch.setattr(hcl, "_FLA", [lambda *a, **kw: calls.append(1) or fake_fla(*a, **kw)])
+    want, gwant = run("torch")
+    assert not calls
+    got, ggot = run("fla")
+    assert len(calls) == 2  # one per linear layer: the dispatch ran
+    assert (got - want).abs().max() <= 1e-5
+    assert gwant.keys() == ggot.keys() and any("feature_q" in n for n in ggot)
+    for n in gwant:
+        assert torch.allclose(ggot[n], gwant[n], rtol=1e-4, atol=1e-6), n
+
+
+def test_auto_takes_fla_only_on_cuda_and_fla_fails_in_one_line_without_it(monkeypatch):
+    from zgcore.models import hf_converted_llama as hcl
+
+    m = converted(["linear"] * 4)
+    ids = torch.randint(0, 256, (1, 12))
+    calls = []
+    monkeypatch.setattr(hcl, "_FLA", [lambda *a, **kw: calls.append(1) or fake_fla(*a, **kw)])
+    m(ids)  # "auto" on the CPU: the PyTorch form
+    assert not calls
+    monkeypatch.setattr(hcl, "_FLA", [None])
+    for mod in m.modules():
+        if isinstance(mod, hcl.ZGMixer):
+            mod.kernel = "fla"
+    with pytest.raises(ImportError, match="flash-linear-attention"):
+        m(ids)

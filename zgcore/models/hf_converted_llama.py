@@ -19,6 +19,15 @@ on a state of fixed size), and both give the same outputs up to float rounding:
   of the tokens that have left the window.
 * ``none``: no attention sub-layer (Puzzle's no-op; Bercovich et al. 2024, arXiv:2411.19146).
 
+On CUDA, where flash-linear-attention (``fla``, Yang et al.) is installed, the parallel form of
+``linear`` and ``linear_window`` runs its chunked linear-attention kernel (``chunk_linear_attn``) and
+no ``T x T`` matrix is formed: the linear part beyond the window is the same kernel on keys and
+values shifted by ``window`` positions, the softmax part is computed over bands of ``2 * window``
+keys. Elsewhere (the CPU, or no ``fla``) the PyTorch form runs; both compute the same sums (up to
+float rounding). ``ZGMixer.kernel`` picks: ``"auto"`` (the default), ``"torch"`` or ``"fla"``
+(raises ``ImportError`` without ``fla``). fla is optional: the folder needs only torch and
+transformers.
+
 Queries and keys keep the teacher's rotary positions (applied before the feature map and before
 keys enter the ring, so the ring holds rotated keys and its order does not matter). ``W`` starts as
 the identity and queries and keys enter it scaled by ``head_dim ** -0.25`` each (their product
@@ -42,6 +51,22 @@ FEATURED = ("linear", "linear_window")  # mixers with a learned feature map
 # linear_window's window factor starts at sigmoid(4) = 0.982 on the softmax terms, 0.018 on the linear ones:
 # the student starts near the window-only student, which is closer to the teacher than an even mix
 WINDOW_FACTOR_INIT = 4.0
+
+
+KERNELS = ("auto", "torch", "fla")  # the parallel form of the linear mixers: see the module docstring
+_FLA: list = []  # fla's chunk_linear_attn once looked up ([None]: not importable)
+
+
+def fla_linear_attn():
+    """fla's ``chunk_linear_attn(q, k, v, scale, ..., normalize)`` (``[B, T, H, K]`` layout), or
+    ``None`` where ``fla`` or its Triton is not importable. Looked up once."""
+    if not _FLA:
+        try:
+            from fla.ops.linear_attn import chunk_linear_attn
+        except Exception:  # not installed, or installed without a working Triton
+            chunk_linear_attn = None
+        _FLA.append(chunk_linear_attn)
+    return _FLA[0]
 
 
 def hedgehog(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -89,7 +114,8 @@ class ZGMixer(nn.Module):
     ``forward(hidden_states [B, T, hidden], position_embeddings=(cos, sin))`` returns
     ``(output [B, T, hidden], None)``; with a ``cache`` (:class:`ZGRecurrentCache`) it runs the
     recurrent form and updates that layer's state. Raises ``ValueError`` for an unknown mixer or a
-    window < 1.
+    window < 1. ``kernel`` (``"auto"``, ``"torch"``, ``"fla"``): which parallel form the linear
+    mixers run (module docstring).
     """
 
     def __init__(self, config, layer_idx: int, mixer: str, window: int = 64):
@@ -99,6 +125,7 @@ class ZGMixer(nn.Module):
         if mixer in WINDOWED and int(window) < 1:
             raise ValueError(f"mixer {mixer!r} needs a window >= 1, got {window}")
         self.mixer, self.window, self.layer_idx = mixer, int(window), layer_idx
+        self.kernel = "auto"
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -163,6 +190,8 @@ class ZGMixer(nn.Module):
     def parallel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """All positions at once: ``q`` ``[B, H, T, d]``, ``k``/``v`` ``[B, kv_heads, T, d]`` (rotated)
         -> ``[B, H, T, d]``."""
+        if self.mixer in FEATURED and self._use_fla(q):
+            return self._parallel_fla(q, k, v)
         n = q.shape[2]
         i = torch.arange(n, device=q.device)
         causal = i[None, :] <= i[:, None]  # [query, key]
@@ -179,6 +208,59 @@ class ZGMixer(nn.Module):
             f = self._factor()
             a = f * torch.exp(s - s.amax(-1, keepdim=True)) + (1 - f) * lin * (causal & ~inside)
         return (a @ self._rep(v)) / a.sum(-1, keepdim=True)
+
+    def _use_fla(self, q: torch.Tensor) -> bool:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {self.kernel!r}; known: {', '.join(KERNELS)}")
+        if self.kernel == "fla" and fla_linear_attn() is None:
+            raise ImportError("kernel 'fla' needs flash-linear-attention and Triton: pip install flash-linear-attention")
+        return self.kernel == "fla" or (self.kernel == "auto" and q.is_cuda and fla_linear_attn() is not None)
+
+    def _parallel_fla(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """:meth:`parallel` of ``linear`` / ``linear_window`` in ``O(T)`` memory: fla's chunked
+        kernel for the linear terms (keys and values shifted by ``window`` for ``linear_window``, so
+        query ``t`` sees keys ``<= t - window``), the softmax terms over bands of ``2 * window`` keys."""
+        fq, fk, vv = self._phi_q(q), self._phi_k(k), self._rep(v)
+        shift = self.window if self.mixer == "linear_window" else 0
+        if shift:
+            fk = F.pad(fk, (0, 0, shift, 0))[:, :, :fk.shape[2]]
+            vv_lin = F.pad(vv, (0, 0, shift, 0))[:, :, :vv.shape[2]]
+        else:
+            vv_lin = vv
+        num, _ = fla_linear_attn()(fq.transpose(1, 2).contiguous(), fk.transpose(1, 2).contiguous(),
+                                   vv_lin.transpose(1, 2).contiguous(), scale=1.0, normalize=False)
+        num = num.transpose(1, 2).to(q.dtype)
+        den = (fq * fk.cumsum(2)).sum(-1, keepdim=True)
+        if not shift:
+            return num / den
+        num_w, den_w = self._window_terms(q, self._rep(k), vv)
+        f = self._factor()
+        return (f * num_w + (1 - f) * num) / (f * den_w + (1 - f) * den)
+
+    def _window_terms(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sum_j e_ij v_j [B, H, T, d], sum_j e_ij [B, H, T, 1])`` over the window's keys, with
+        ``e_ij = exp(s_ij - max_j s_ij)`` (the stabiliser :meth:`parallel` uses), in bands: each block of
+        ``window`` queries meets its own block and the one before, never a ``T x T`` matrix."""
+        b, h, t, d = q.shape
+        w = self.window
+        nb = -(-t // w)
+        pad = nb * w - t
+        qb = F.pad(q, (0, 0, 0, pad)).view(b, h, nb, w, d)
+        kb = F.pad(k, (0, 0, w, pad)).view(b, h, nb + 1, w, d)
+        vb = F.pad(v, (0, 0, w, pad)).view(b, h, nb + 1, w, d)
+        keys = torch.cat([kb[:, :, :-1], kb[:, :, 1:]], 3)  # [B, H, nb, 2w, d]: the block before, then its own
+        vals = torch.cat([vb[:, :, :-1], vb[:, :, 1:]], 3)
+        s = qb @ keys.transpose(-1, -2) * self.scaling  # [B, H, nb, w, 2w]
+        a = torch.arange(w, device=q.device)[:, None]  # query offset in its block
+        j = torch.arange(2 * w, device=q.device)[None, :]  # key offset; key position = block start - w + j
+        inside = (j > a) & (j <= a + w)  # key in (query - w, query]
+        first = torch.arange(nb, device=q.device).view(nb, 1, 1) == 0
+        inside = inside & ~(first & (j < w))  # the first block has no block before it
+        s = s.masked_fill(~inside, float("-inf"))
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        num = (e @ vals).reshape(b, h, nb * w, d)[:, :, :t]
+        den = e.sum(-1, keepdim=True).reshape(b, h, nb * w, 1)[:, :, :t]
+        return num, den
 
     def prefill(self, state: MixerState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Fill an empty state with ``T`` tokens' keys and values (their outputs come from :meth:`parallel`)."""
