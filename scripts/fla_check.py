@@ -9,8 +9,10 @@ the CPU runs), on SmolLM2-135M's attention shape (9 heads, 3 key-value heads, he
 
 Prints, per mixer and length: the largest output difference relative to the output's largest
 value, the same for the gradients of q, k, v and the feature maps, each form's time per forward +
-backward and its peak memory, and ``fla / torch`` ratios. Exits 1 when a difference exceeds
-``--tol`` (default 5e-3: fla's kernels may multiply in TF32), 2 without CUDA, 3 without fla.
+backward and its peak memory, ``fla / torch`` ratios, and the fla path's output under bf16 autocast
+(as training on CUDA runs it) against float32. Exits 1 when a difference exceeds ``--tol`` (default
+5e-3: fla's kernels may multiply in TF32) or the bf16 one ``--tol-bf16`` (5e-2) or is not finite,
+2 without CUDA, 3 without fla.
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 4096])
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--tol", type=float, default=5e-3)
+    ap.add_argument("--tol-bf16", type=float, default=5e-2, help="the fla path under bf16 autocast vs float32 torch")
     ap.add_argument("--json", help="also write the figures here")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     import fla
 
     print(f"torch {torch.__version__}, fla {getattr(fla, '__version__', '?')}, {torch.cuda.get_device_name(0)}")
-    rows, worst = [], 0.0
+    rows, worst, bad_bf16 = [], 0.0, False
     for kind in ("linear", "linear_window"):
         m = mixer(kind, "cuda")
         for t in a.lengths:
@@ -95,19 +98,24 @@ def main(argv: list[str] | None = None) -> int:
             yt, gt, st, pt = run(m, "torch", q, k, v)
             diff = {"output": rel(yf, yt), **{f"grad {n}": rel(gf[n], gt[n]) for n in gt}}
             worst = max(worst, *diff.values())
-            row = {"mixer": kind, "length": t, "batch": a.batch, **diff, "fla_s": sf, "torch_s": st,
+            with torch.autocast("cuda", dtype=torch.bfloat16):  # as training on CUDA runs it
+                yb, _, _, _ = run(m, "fla", q.bfloat16(), k.bfloat16(), v.bfloat16())
+            bf16 = rel(yb.float(), yt) if torch.isfinite(yb).all() else float("inf")
+            bad_bf16 = bad_bf16 or not bf16 <= a.tol_bf16
+            row = {"mixer": kind, "length": t, "batch": a.batch, **diff, "bf16_autocast_output": bf16, "fla_s": sf, "torch_s": st,
                    "fla_peak_mib": pf / 2**20, "torch_peak_mib": pt / 2**20,
                    "time_fla_over_torch": sf / st, "memory_fla_over_torch": pf / max(pt, 1)}
             rows.append(row)
             print(f"{kind:13s} T={t:5d}: output {diff['output']:.1e}, grads max "
-                  f"{max(v for n, v in diff.items() if n != 'output'):.1e} (relative); "
+                  f"{max(v for n, v in diff.items() if n != 'output'):.1e}, bf16 autocast output {bf16:.1e} (relative); "
                   f"time fla/torch {sf / st:.2f} ({sf * 1e3:.1f} / {st * 1e3:.1f} ms), "
                   f"peak memory fla/torch {pf / max(pt, 1):.2f} ({pf / 2**20:.0f} / {pt / 2**20:.0f} MiB)")
             del q, k, v
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
-    ok = worst <= a.tol
-    print(f"largest relative difference {worst:.1e}: {'within' if ok else 'ABOVE'} tolerance {a.tol:g}")
+    ok = worst <= a.tol and not bad_bf16
+    print(f"largest relative difference {worst:.1e}: {'within' if worst <= a.tol else 'ABOVE'} tolerance {a.tol:g}; "
+          f"bf16 autocast {'ABOVE' if bad_bf16 else 'within'} {a.tol_bf16:g}")
     return 0 if ok else 1
 
 

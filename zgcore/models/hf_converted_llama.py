@@ -227,9 +227,10 @@ class ZGMixer(nn.Module):
             vv_lin = F.pad(vv, (0, 0, shift, 0))[:, :, :vv.shape[2]]
         else:
             vv_lin = vv
+        # one dtype for the kernel: under CUDA autocast the feature maps leave softmax in float32, v in bfloat16
         num, _ = fla_linear_attn()(fq.transpose(1, 2).contiguous(), fk.transpose(1, 2).contiguous(),
-                                   vv_lin.transpose(1, 2).contiguous(), scale=1.0, normalize=False)
-        num = num.transpose(1, 2).to(q.dtype)
+                                   vv_lin.to(fq.dtype).transpose(1, 2).contiguous(), scale=1.0, normalize=False)
+        num = num.transpose(1, 2)
         den = (fq * fk.cumsum(2)).sum(-1, keepdim=True)
         if not shift:
             return num / den
