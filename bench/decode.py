@@ -4,7 +4,8 @@ size do not depend on the weights' values). Per model and context, the prompt of
 tokens is prefilled once; each repeat then decodes ``new`` tokens greedily, one forward call per
 token, from its own copy of that state; decode tokens/s = ``new`` / the best repeat's time (the
 prefill is not timed), and the cache's bytes after decoding. Figures: each student's tokens/s
-divided by the teacher's at the same context, the models alternated in the same process.
+divided by the teacher's at the same context, the models alternated in the same process; each
+prompt's prefill time (s, one run) and its ratio to the teacher's.
 
     python bench/decode.py --quick                                  # tiny-llama, contexts 64 and 128
     python bench/decode.py --teacher smollm2-135m --contexts 512 4096 --new 64 --json decode.json
@@ -54,6 +55,9 @@ def main() -> int:
     ap.add_argument("--outputs", default="outputs")
     ap.add_argument("--quick", action="store_true", help="tiny-llama, contexts 64 and 128, 16 new tokens")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--compare-t-by-t", action="store_true",
+                    help="also time each model's forward without a cache (the T x T parallel form that training "
+                         "runs on the CPU) at each context: prefill / that forward")
     from zgcore.models.hf_converted_llama import MIXERS
 
     ap.add_argument("--mixers", nargs="*", choices=MIXERS[1:], default=["window", "linear", "linear_window"],
@@ -95,11 +99,19 @@ def main() -> int:
     rows = []
     for ctx in a.contexts:
         prompt = torch.randint(0, teacher.config.vocab_size, (1, ctx), generator=torch.Generator().manual_seed(ctx))
-        prefilled = {}
+        prefilled, prefill_s, t_by_t_s = {}, {}, {}
         for k, m in models.items():
             t0 = time.perf_counter()
             prefilled[k] = prefill(m, prompt)
-            print(f"context {ctx:6d}  {k:40} prefilled in {time.perf_counter() - t0:7.1f} s", flush=True)
+            prefill_s[k] = time.perf_counter() - t0
+            print(f"context {ctx:6d}  {k:40} prefilled in {prefill_s[k]:7.1f} s", flush=True)
+            if a.compare_t_by_t:
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    m(input_ids=prompt, use_cache=False)
+                t_by_t_s[k] = time.perf_counter() - t0
+                print(f"context {ctx:6d}  {k:40} forward without a cache in {t_by_t_s[k]:7.1f} s "
+                      f"(prefill / that: {prefill_s[k] / t_by_t_s[k]:.2f})", flush=True)
         best = {k: float("inf") for k in models}
         nbytes = {}
         for _ in range(a.repeats):  # alternate the models so a neighbour's load hits them alike
@@ -110,7 +122,9 @@ def main() -> int:
         for k in models:
             tps = a.new / best[k]
             rows.append({"context": ctx, "model": k, "tokens_per_s": tps, "vs_teacher": tps / (a.new / best["teacher"]),
-                         "cache_bytes": nbytes[k]})
+                         "cache_bytes": nbytes[k], "prefill_s": prefill_s[k],
+                         "prefill_vs_teacher": prefill_s[k] / prefill_s["teacher"],
+                         **({"t_by_t_forward_s": t_by_t_s[k]} if k in t_by_t_s else {})})
             print(f"context {ctx:6d}  {k:40} {tps:9.1f} tokens/s  x{rows[-1]['vs_teacher']:.2f} of the teacher  "
                   f"cache {nbytes[k] / 2**20:8.2f} MiB", flush=True)
     if a.json:

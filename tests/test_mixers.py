@@ -319,3 +319,30 @@ def test_auto_takes_fla_only_on_cuda_and_fla_fails_in_one_line_without_it(monkey
             mod.kernel = "fla"
     with pytest.raises(ImportError, match="flash-linear-attention"):
         m(ids)
+
+
+@pytest.mark.parametrize("length,chunk", [(1, 64), (29, 8), (64, 64), (65, 64), (200, 64)])
+def test_the_chunked_linear_attention_is_the_dense_sum(length, chunk):
+    from zgcore.models.hf_converted_llama import chunked_linear_attn
+
+    g = torch.Generator().manual_seed(length)
+    q, k = torch.rand(2, length, 3, 12, generator=g), torch.rand(2, length, 3, 12, generator=g)
+    v = torch.randn(2, length, 3, 5, generator=g)
+    got, _ = chunked_linear_attn(q, k, v, scale=0.5, normalize=False, chunk=chunk)
+    want, _ = fake_fla(q * 0.5, k, v, scale=1.0, normalize=False)
+    assert got.shape == want.shape and (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("mixer", ["window", "linear", "linear_window"])
+@pytest.mark.parametrize("length", [5, 3 * WINDOW, 3 * WINDOW + 5, 150])
+def test_a_chunked_prefill_computes_what_the_t_by_t_form_does(mixer, length):
+    from zgcore.models.hf_converted_llama import ZGMixer
+
+    m = converted([mixer] * 4)
+    mix = next(x for x in m.modules() if isinstance(x, ZGMixer))
+    g = torch.Generator().manual_seed(length)
+    q, k, v = torch.randn(2, 4, length, 8, generator=g), torch.randn(2, 2, length, 8, generator=g), \
+        torch.randn(2, 2, length, 8, generator=g)
+    with torch.no_grad():
+        want, got = mix.parallel(q, k, v), mix.parallel(q, k, v, chunked=True)
+    assert (got - want).abs().max() <= 1e-5

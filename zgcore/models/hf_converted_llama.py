@@ -2,8 +2,9 @@
 student's folder carries (``trust_remote_code``). Imports nothing but ``torch`` and ``transformers``.
 
 One set of weights, two forms. Every mixer has a *parallel* form (training, evaluation, prompt
-prefill: all positions at once, ``O(T^2)``) and a *recurrent* form (decoding: one token at a time
-on a state of fixed size), and both give the same outputs up to float rounding:
+prefill: all positions at once; ``O(T^2)`` for training and scoring on the CPU, chunked in ``O(T)``
+memory for a prefill) and a *recurrent* form (decoding: one token at a time on a state of fixed
+size), and both give the same outputs up to float rounding:
 
 * ``softmax``: the teacher's causal attention; recurrent state = every key and value (grows).
 * ``window``: softmax over the last ``window`` tokens (the current one included); state = a ring of
@@ -67,6 +68,30 @@ def fla_linear_attn():
             chunk_linear_attn = None
         _FLA.append(chunk_linear_attn)
     return _FLA[0]
+
+
+def chunked_linear_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = 1.0,
+                        normalize: bool = False, chunk: int = 64, **_) -> tuple[torch.Tensor, None]:
+    """Causal linear attention's bare sums ``o_t = sum_{s <= t} (scale q_t . k_s) v_s`` in chunks, in
+    plain PyTorch, with fla's ``chunk_linear_attn`` contract (``q``, ``k`` ``[B, T, H, K]``, ``v``
+    ``[B, T, H, V]`` -> ``(o [B, T, H, V], None)``; ``normalize=False`` only): each chunk of
+    ``chunk`` queries meets its own keys through a masked ``chunk x chunk`` product and the earlier
+    chunks through their running state ``sum k_s v_s^T`` ``[K, V]``. Memory ``O(T (chunk + K V /
+    chunk))``, never ``T x T``. Raises ``ValueError`` for ``normalize=True``."""
+    if normalize:
+        raise ValueError("chunked_linear_attn computes the bare sums only (normalize=False)")
+    b, t, h, dk = q.shape
+    c = int(chunk)
+    n = -(-t // c)
+    pad = n * c - t
+    qc, kc, vc = (F.pad(x, (0, 0, 0, 0, 0, pad)).view(b, n, c, h, x.shape[-1]).permute(0, 3, 1, 2, 4)
+                  for x in (q * scale, k, v))  # [B, H, n, c, .]
+    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    intra = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0) @ vc
+    kv = kc.transpose(-1, -2) @ vc  # [B, H, n, K, V]: each chunk's own state
+    before = kv.cumsum(2) - kv  # the state of every chunk before it
+    o = (intra + qc @ before).permute(0, 2, 3, 1, 4).reshape(b, n * c, h, -1)[:, :t]
+    return o, None
 
 
 def hedgehog(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -180,18 +205,21 @@ class ZGMixer(nn.Module):
         else:
             state = cache.states[self.layer_idx]
             if state.seen == 0:
-                y = self.parallel(q, k, v)
+                y = self.parallel(q, k, v, chunked=True)
                 self.prefill(state, q, k, v)
             else:
                 y = torch.cat([self.step(state, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1])
                                for i in range(t)], 2)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1)), None
 
-    def parallel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def parallel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunked: bool = False) -> torch.Tensor:
         """All positions at once: ``q`` ``[B, H, T, d]``, ``k``/``v`` ``[B, kv_heads, T, d]`` (rotated)
-        -> ``[B, H, T, d]``."""
-        if self.mixer in FEATURED and self._use_fla(q):
-            return self._parallel_fla(q, k, v)
+        -> ``[B, H, T, d]``. ``chunked`` (a prompt's prefill): the windowed and linear mixers never
+        form a ``T x T`` matrix (:meth:`_parallel_chunked`), on any device; training and scoring
+        keep the ``T x T`` form on the CPU (its bytes are what the recorded outputs hold)."""
+        fla = self.mixer in FEATURED and self._use_fla(q)
+        if self.mixer in ("window", *FEATURED) and (chunked or fla):
+            return self._parallel_chunked(q, k, v, fla)
         n = q.shape[2]
         i = torch.arange(n, device=q.device)
         causal = i[None, :] <= i[:, None]  # [query, key]
@@ -216,11 +244,16 @@ class ZGMixer(nn.Module):
             raise ImportError("kernel 'fla' needs flash-linear-attention and Triton: pip install flash-linear-attention")
         return self.kernel == "fla" or (self.kernel == "auto" and q.is_cuda and fla_linear_attn() is not None)
 
-    def _parallel_fla(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """:meth:`parallel` of ``linear`` / ``linear_window`` in ``O(T)`` memory: fla's chunked
-        kernel for the linear terms (keys and values shifted by ``window`` for ``linear_window``, so
-        query ``t`` sees keys ``<= t - window``), the softmax terms over bands of ``2 * window`` keys."""
-        fq, fk, vv = self._phi_q(q), self._phi_k(k), self._rep(v)
+    def _parallel_chunked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fla: bool) -> torch.Tensor:
+        """:meth:`parallel` of ``window`` / ``linear`` / ``linear_window`` in ``O(T)`` memory: the linear
+        terms through a chunked kernel (fla's where ``fla``, else :func:`chunked_linear_attn`; keys and
+        values shifted by ``window`` for ``linear_window``, so query ``t`` sees keys ``<= t - window``),
+        the softmax terms over bands of ``2 * window`` keys."""
+        vv = self._rep(v)
+        if self.mixer == "window":
+            num_w, den_w = self._window_terms(q, self._rep(k), vv)
+            return num_w / den_w
+        fq, fk = self._phi_q(q), self._phi_k(k)
         shift = self.window if self.mixer == "linear_window" else 0
         if shift:
             fk = F.pad(fk, (0, 0, shift, 0))[:, :, :fk.shape[2]]
@@ -228,8 +261,9 @@ class ZGMixer(nn.Module):
         else:
             vv_lin = vv
         # one dtype for the kernel: under CUDA autocast the feature maps leave softmax in float32, v in bfloat16
-        num, _ = fla_linear_attn()(fq.transpose(1, 2).contiguous(), fk.transpose(1, 2).contiguous(),
-                                   vv_lin.to(fq.dtype).transpose(1, 2).contiguous(), scale=1.0, normalize=False)
+        kernel = fla_linear_attn() if fla else chunked_linear_attn
+        num, _ = kernel(fq.transpose(1, 2).contiguous(), fk.transpose(1, 2).contiguous(),
+                        vv_lin.to(fq.dtype).transpose(1, 2).contiguous(), scale=1.0, normalize=False)
         num = num.transpose(1, 2)
         den = (fq * fk.cumsum(2)).sum(-1, keepdim=True)
         if not shift:
