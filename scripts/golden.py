@@ -83,18 +83,23 @@ def _numbers(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _folders(tasks):
+    """``(key title, output folder)`` of each finished task among ``tasks``: a title shared by several
+    tasks (a library's candidates) is numbered ``[2]``, ``[3]`` in graph order."""
+    seen: dict[str, int] = {}
+    for t in tasks:
+        folder, title = Path(t.out_dir), t.title()
+        seen[title] = seen.get(title, 0) + 1
+        if seen[title] > 1:
+            title = f"{title} [{seen[title]}]"
+        if folder.is_dir():
+            yield title, folder
+
+
 def digests(tasks) -> dict[str, str]:
     """The recorded digests of the finished outputs among ``tasks`` (see the module docstring)."""
     out: dict[str, str] = {}
-    seen: dict[str, int] = {}
-    for t in tasks:
-        folder = Path(t.out_dir)
-        title = t.title()
-        seen[title] = seen.get(title, 0) + 1
-        if seen[title] > 1:  # several tasks of one title (a library's candidates): numbered in graph order
-            title = f"{title} [{seen[title]}]"
-        if not folder.is_dir():
-            continue
+    for title, folder in _folders(tasks):
         for f in sorted(folder.rglob("*.safetensors")):
             out[f"{title}/{f.relative_to(folder)}"] = hashlib.sha256(f.read_bytes()).hexdigest()
         for f in sorted(folder.rglob("report.json")):
@@ -119,15 +124,7 @@ def values(tasks) -> dict[str, dict[str, float]]:
     from safetensors.torch import load_file
 
     out: dict[str, dict[str, float]] = {}
-    seen: dict[str, int] = {}
-    for t in tasks:
-        folder = Path(t.out_dir)
-        title = t.title()
-        seen[title] = seen.get(title, 0) + 1
-        if seen[title] > 1:
-            title = f"{title} [{seen[title]}]"
-        if not folder.is_dir():
-            continue
+    for title, folder in _folders(tasks):
         for f in sorted(folder.rglob("*.safetensors")):
             sq = sum(float(v.double().pow(2).sum()) for v in load_file(f).values() if v.is_floating_point())
             out[f"{title}/{f.relative_to(folder)}"] = {"l2": float(f"{math.sqrt(sq):.9g}")}
