@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -313,6 +314,11 @@ def test_auto_takes_fla_only_on_cuda_and_fla_fails_in_one_line_without_it(monkey
     monkeypatch.setattr(hcl, "_FLA", [lambda *a, **kw: calls.append(1) or fake_fla(*a, **kw)])
     m(ids)  # "auto" on the CPU: the PyTorch form
     assert not calls
+    mix = next(x for x in m.modules() if isinstance(x, hcl.ZGMixer))
+    assert mix._use_fla(types.SimpleNamespace(is_cuda=True)) and not mix._use_fla(ids)  # CUDA tensors: fla
+    mix.kernel = "torch"
+    assert not mix._use_fla(types.SimpleNamespace(is_cuda=True))
+    mix.kernel = "auto"
     monkeypatch.setattr(hcl, "_FLA", [None])
     for mod in m.modules():
         if isinstance(mod, hcl.ZGMixer):

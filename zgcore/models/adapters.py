@@ -165,8 +165,12 @@ def capture_boundaries(teacher: nn.Module, input_ids: torch.Tensor, boundaries: 
     :func:`zgcore.data.logit_store.online_targets` does for the top-k logits.
     """
     if input_ids.shape[0] > 1:
-        per_seq = [capture_boundaries(teacher, input_ids[i: i + 1], boundaries) for i in range(input_ids.shape[0])]
-        return {b: torch.cat([c[b] for c in per_seq]) for b in boundaries}
+        first = capture_boundaries(teacher, input_ids[:1], boundaries)
+        out = {b: h.new_empty((input_ids.shape[0], *h.shape[1:])) for b, h in first.items()}  # filled row by row
+        for i in range(input_ids.shape[0]):
+            for b, h in (first if i == 0 else capture_boundaries(teacher, input_ids[i: i + 1], boundaries)).items():
+                out[b][i] = h[0]
+        return out
     ad = adapter_for(teacher)
     layers = ad.decoder_layers(teacher)
     out: dict[int, torch.Tensor] = {}

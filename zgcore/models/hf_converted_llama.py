@@ -242,6 +242,8 @@ class ZGMixer(nn.Module):
             raise ValueError(f"unknown kernel {self.kernel!r}; known: {', '.join(KERNELS)}")
         if self.kernel == "fla" and fla_linear_attn() is None:
             raise ImportError("kernel 'fla' needs flash-linear-attention and Triton: pip install flash-linear-attention")
+        if self.kernel == "fla" and not q.is_cuda and getattr(fla_linear_attn(), "__module__", "").startswith("fla"):
+            raise ValueError(f"kernel 'fla' needs CUDA tensors (fla's Triton kernels have no CPU path), got {q.device}")
         return self.kernel == "fla" or (self.kernel == "auto" and q.is_cuda and fla_linear_attn() is not None)
 
     def _parallel_chunked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fla: bool) -> torch.Tensor:
@@ -277,7 +279,7 @@ class ZGMixer(nn.Module):
         ``e_ij = exp(s_ij - max_j s_ij)`` (the stabiliser :meth:`parallel` uses), in bands: each block of
         ``window`` queries meets its own block and the one before, never a ``T x T`` matrix."""
         b, h, t, d = q.shape
-        w = self.window
+        w = min(self.window, t)  # a prompt inside one window: every earlier key is in it, bands of t
         nb = -(-t // w)
         pad = nb * w - t
         qb = F.pad(q, (0, 0, 0, pad)).view(b, h, nb, w, d)
