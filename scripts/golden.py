@@ -24,8 +24,8 @@ The bytes are also a property of the machine: the CPU's instruction set picks to
 kernels, whose float32 sums round differently (a move to a newer Xeon moved every trained block's
 last bits with no change here). So each file records the machine it was written on
 (:func:`machine`: architecture, vendor, torch's CPU capability, the vector instruction flags) and,
-beside the digests, the *values* behind them (:func:`values`: every recorded report number and each
-weights file's L2 norm). On the recording machine every digest must match byte for byte; on
+beside the digests, the *values* behind them (:func:`values`: every recorded report number, and
+each weight tensor's norm and its direction against a fixed pseudo-random tensor). On the recording machine every digest must match byte for byte; on
 another machine the values must match within :data:`RTOL`, and the bytes are said not compared.
 
 Not recorded: ``task.json`` (it carries times and hosts), plots (PNG metadata), logs, TensorBoard
@@ -116,18 +116,34 @@ RTOL = 1e-3
 ATOL = 1e-6
 
 
+def tensor_values(name: str, x) -> dict[str, float]:
+    """``{name + ":l2": ||x||, name + ":z": sqrt(n) cos(x, r)}`` of one tensor, in float64: its norm,
+    and its direction against a fixed pseudo-random tensor ``r`` of its size (numpy's PCG64, seed 0:
+    the same on every machine), which a sign flip, a transpose or a permutation moves by about 1
+    while other kernels' rounding moves it by about their relative error. ``x`` a torch tensor."""
+    import numpy as np
+
+    a = x.detach().double().flatten().numpy()
+    l2 = float(np.sqrt(a @ a))
+    r = np.random.default_rng(0).standard_normal(a.size)
+    z = float(a @ r / (l2 * np.sqrt(r @ r)) * np.sqrt(a.size)) if l2 > 0 else 0.0
+    return {f"{name}:l2": float(f"{l2:.9g}"), f"{name}:z": float(f"{z:.9g}")}
+
+
 def values(tasks) -> dict[str, dict[str, float]]:
     """``{key: {name: value}}`` behind :func:`digests`, comparable across machines: each
-    ``report.json``'s recorded numbers (the same keys the digest hashes) and each ``*.safetensors``
-    file's ``{"l2": sqrt(sum of squares)}`` over its floating-point tensors, summed in float64."""
-    import torch
+    ``report.json``'s recorded numbers (the same keys the digest hashes) and, for each
+    ``*.safetensors`` file, :func:`tensor_values` of every floating-point tensor in it."""
     from safetensors.torch import load_file
 
     out: dict[str, dict[str, float]] = {}
     for title, folder in _folders(tasks):
         for f in sorted(folder.rglob("*.safetensors")):
-            sq = sum(float(v.double().pow(2).sum()) for v in load_file(f).values() if v.is_floating_point())
-            out[f"{title}/{f.relative_to(folder)}"] = {"l2": float(f"{math.sqrt(sq):.9g}")}
+            vals: dict[str, float] = {}
+            for name, x in sorted(load_file(f).items()):
+                if x.is_floating_point():
+                    vals.update(tensor_values(name, x))
+            out[f"{title}/{f.relative_to(folder)}"] = vals
         for f in sorted(folder.rglob("report.json")):
             out[f"{title}/{f.relative_to(folder)}"] = _numbers(json.loads(f.read_text()))
     return dict(sorted(out.items()))
@@ -151,6 +167,7 @@ def machine() -> dict[str, str]:
     except OSError:
         pass
     isa = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse", "ssse", "asimd", "sve"))))
+    vendor = vendor or platform.processor() or "unknown"  # no vendor_id line off x86 Linux
     return {"arch": platform.machine(), "vendor": vendor, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "isa": hashlib.sha256(isa.encode()).hexdigest()[:16]}
 
@@ -166,9 +183,10 @@ def machine_difference(preset: str) -> list[str]:
 
 
 def value_difference(preset: str, got: dict[str, dict[str, float]]) -> list[str]:
-    """The recorded values of ``preset`` that ``got`` misses by more than :data:`RTOL` (relative)
-    plus :data:`ATOL`, one line each (``[]``: all within). A key or value present on one side only
-    is a line; an integer must be equal."""
+    """The recorded values of ``preset`` that ``got`` misses by more than :data:`RTOL` (relative;
+    for a tensor's direction ``:z``, relative to at least 1) plus :data:`ATOL`, one line each
+    (``[]``: all within). A key or value present on one side only is a line; an integer must be
+    equal; a non-finite value must be the same one (a NaN matches a NaN)."""
     p = golden_path(preset)
     if not p.is_file():
         return [f"no recorded values at {p}"]
@@ -183,9 +201,12 @@ def value_difference(preset: str, got: dict[str, dict[str, float]]) -> list[str]
             continue
         for n in sorted(set(w) | set(g)):
             a, b = w.get(n), g.get(n)
-            same = (a == b if isinstance(a, int) and isinstance(b, int) or a is None or b is None
-                    or not (math.isfinite(a) and math.isfinite(b))
-                    else abs(a - b) <= ATOL + RTOL * abs(a))
+            if isinstance(a, int) and isinstance(b, int) or a is None or b is None:
+                same = a == b
+            elif not (math.isfinite(a) and math.isfinite(b)):  # inf as inf, nan as nan
+                same = a == b or (math.isnan(a) and math.isnan(b))
+            else:  # a direction (":z", about 1 in size) is held to RTOL however near 0 it falls
+                same = abs(a - b) <= ATOL + RTOL * (max(abs(a), 1.0) if n.endswith(":z") else abs(a))
             if not same:
                 lines.append(f"{k} {n}: recorded {a}, now {b}")
     return lines

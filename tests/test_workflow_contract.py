@@ -108,7 +108,7 @@ def test_golden_digests_name_each_changed_file_and_skip_timings(tmp_path, monkey
 def test_golden_values_hold_across_machines_within_tolerance_and_bytes_only_on_the_recording_one(tmp_path, monkeypatch):
     monkeypatch.setattr(golden, "GOLDEN", tmp_path)
     here = golden.machine()
-    assert set(here) == {"arch", "vendor", "cpu_capability", "isa"} and all(here.values()), here
+    assert set(here) == {"arch", "vendor", "cpu_capability", "isa"}, here
     vals = {"Evaluate report/report.json": {"ce": 5.5635, "n": 13}, "TrainBlock b0/block.safetensors": {"l2": 12.5}}
     golden.write("x_tiny", {"TrainBlock b0/block.safetensors": "aa" * 32}, vals)
     assert golden.machine_difference("x_tiny") == []
@@ -121,6 +121,10 @@ def test_golden_values_hold_across_machines_within_tolerance_and_bytes_only_on_t
                                                         "Evaluate report/report.json n: recorded 13, now 12"]
     assert golden.value_difference("x_tiny", {k: v for k, v in vals.items() if "report" in k}) == [
         "TrainBlock b0/block.safetensors: recorded, missing now"]
+    nan = {**vals, "Evaluate report/report.json": {"ce": float("nan"), "n": 13}}
+    golden.write("x_tiny", {"TrainBlock b0/block.safetensors": "aa" * 32}, nan)
+    assert golden.value_difference("x_tiny", nan) == []  # a NaN recorded and a NaN now are the same value
+    assert golden.value_difference("x_tiny", vals) == ["Evaluate report/report.json ce: recorded nan, now 5.5635"]
     rec = json.loads(golden.golden_path("x_tiny").read_text())
     rec["machine"]["cpu_capability"] = "OTHER"
     golden.golden_path("x_tiny").write_text(json.dumps(rec))
@@ -134,3 +138,25 @@ def test_every_golden_file_records_its_machine_and_the_values_behind_each_digest
         rec = json.loads(golden.golden_path(reg.get(name).tiny).read_text())
         assert set(rec.get("machine", {})) == set(golden.machine()), f"{reg.get(name).tiny}.json: no machine recorded"
         assert set(rec["values"]) == set(rec["digests"]), f"{reg.get(name).tiny}.json: values and digests name other files"
+        for k, v in rec["values"].items():  # every weight tensor has its norm and its direction
+            if k.endswith(".safetensors"):
+                assert v and {n.rsplit(":", 1)[1] for n in v} == {"l2", "z"}, k
+
+
+def test_a_tensors_recorded_direction_sees_a_transpose_a_sign_flip_and_a_small_tensor_but_not_rounding():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 24, generator=g)
+    base = golden.tensor_values("w", w)
+
+    def moved(x):
+        new = golden.tensor_values("w", x)
+        return {k: (base[k], new[k]) for k in base if abs(new[k] - base[k]) > golden.ATOL + golden.RTOL * (
+            max(abs(base[k]), 1.0) if k.endswith(":z") else abs(base[k]))}
+
+    assert moved(w * (1 + 1e-6 * torch.randn(16, 24, generator=g))) == {}  # another machine's rounding
+    assert set(moved(w.t().contiguous())) == {"w:z"}  # the same numbers, transposed: the norm cannot see it
+    assert set(moved(-w)) == {"w:z"}
+    assert set(moved(w.flip(0))) == {"w:z"}
+    assert golden.tensor_values("w", torch.zeros(3)) == {"w:l2": 0.0, "w:z": 0.0}
