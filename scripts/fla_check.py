@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: fla's kernels run only on a GPU; nothing checked")
         return 2
-    from zgcore.models.hf_converted_llama import fla_linear_attn
+    from zgcore.models.hf_linear_attention import fla_linear_attn
 
     if fla_linear_attn() is None:
         print("flash-linear-attention (with Triton) is not importable: pip install flash-linear-attention")

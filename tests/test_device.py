@@ -33,7 +33,7 @@ def test_cuda_on_a_cpu_machine_fails_with_a_clear_message(tmp_path, run_graph):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_fla_kernel_and_the_pytorch_form_agree_on_cuda():
-    from zgcore.models.hf_converted_llama import fla_linear_attn
+    from zgcore.models.hf_linear_attention import fla_linear_attn
 
     if fla_linear_attn() is None:
         pytest.skip("flash-linear-attention is not installed: scripts/device_check.sh installs fla-core")

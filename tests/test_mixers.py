@@ -151,7 +151,7 @@ print(json.dumps(out))
 def test_the_exported_folder_loads_alone_and_decodes_in_constant_memory(mixer, tmp_path):
     m = converted([mixer] * 3 + ["none"], perturb=False)
     m.save_pretrained(tmp_path / "model")
-    assert (tmp_path / "model" / "hf_converted_llama.py").is_file()
+    assert (tmp_path / "model" / "hf_converted_llama.py").is_file() and (tmp_path / "model" / "hf_linear_attention.py").is_file()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-c", LOAD_ALONE, str(tmp_path / "model")], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=600)
@@ -280,6 +280,7 @@ def fake_fla(q, k, v, scale=None, initial_state=None, output_final_state=False, 
 @pytest.mark.parametrize("length", [5, 3 * WINDOW, 3 * WINDOW + 5])
 def test_the_fla_dispatch_computes_what_the_pytorch_form_does(mixer, length, monkeypatch):
     from zgcore.models import hf_converted_llama as hcl
+    from zgcore.models import hf_linear_attention as hla
 
     m = converted([mixer, "softmax", mixer, "window"])
     ids = torch.randint(0, 256, (2, length), generator=torch.Generator().manual_seed(2))
@@ -294,7 +295,7 @@ def test_the_fla_dispatch_computes_what_the_pytorch_form_does(mixer, length, mon
         return out.detach(), {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
     calls = []
-    monkeypatch.setattr(hcl, "_FLA", [lambda *a, **kw: calls.append(1) or fake_fla(*a, **kw)])
+    monkeypatch.setattr(hla, "_FLA", [lambda *a, **kw: calls.append(1) or fake_fla(*a, **kw)])
     want, gwant = run("torch")
     assert not calls
     got, ggot = run("fla")
@@ -307,11 +308,12 @@ def test_the_fla_dispatch_computes_what_the_pytorch_form_does(mixer, length, mon
 
 def test_auto_takes_fla_only_on_cuda_and_fla_fails_in_one_line_without_it(monkeypatch):
     from zgcore.models import hf_converted_llama as hcl
+    from zgcore.models import hf_linear_attention as hla
 
     m = converted(["linear"] * 4)
     ids = torch.randint(0, 256, (1, 12))
     calls = []
-    monkeypatch.setattr(hcl, "_FLA", [lambda *a, **kw: calls.append(1) or fake_fla(*a, **kw)])
+    monkeypatch.setattr(hla, "_FLA", [lambda *a, **kw: calls.append(1) or fake_fla(*a, **kw)])
     m(ids)  # "auto" on the CPU: the PyTorch form
     assert not calls
     mix = next(x for x in m.modules() if isinstance(x, hcl.ZGMixer))
@@ -319,7 +321,7 @@ def test_auto_takes_fla_only_on_cuda_and_fla_fails_in_one_line_without_it(monkey
     mix.kernel = "torch"
     assert not mix._use_fla(types.SimpleNamespace(is_cuda=True))
     mix.kernel = "auto"
-    monkeypatch.setattr(hcl, "_FLA", [None])
+    monkeypatch.setattr(hla, "_FLA", [None])
     for mod in m.modules():
         if isinstance(mod, hcl.ZGMixer):
             mod.kernel = "fla"
@@ -329,7 +331,7 @@ def test_auto_takes_fla_only_on_cuda_and_fla_fails_in_one_line_without_it(monkey
 
 @pytest.mark.parametrize("length,chunk", [(1, 64), (29, 8), (64, 64), (65, 64), (200, 64)])
 def test_the_chunked_linear_attention_is_the_dense_sum(length, chunk):
-    from zgcore.models.hf_converted_llama import chunked_linear_attn
+    from zgcore.models.hf_linear_attention import chunked_linear_attn
 
     g = torch.Generator().manual_seed(length)
     q, k = torch.rand(2, length, 3, 12, generator=g), torch.rand(2, length, 3, 12, generator=g)

@@ -122,7 +122,9 @@ def save_student(student: nn.Module, tokenizer, folder: str | os.PathLike) -> bo
     folder = Path(folder)
     student.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    for cls, code in ((ZGHeteroLlamaForCausalLM, "hf_hetero_llama.py"), (ZGConvertedLlamaForCausalLM, "hf_converted_llama.py")):
-        if isinstance(student, cls) and not (folder / code).is_file():
-            raise RuntimeError(f"{folder}: save_pretrained did not copy the modelling code {code}")
+    for cls, codes in ((ZGHeteroLlamaForCausalLM, ["hf_hetero_llama.py"]),
+                       (ZGConvertedLlamaForCausalLM, ["hf_converted_llama.py", "hf_linear_attention.py"])):
+        for code in codes:  # save_pretrained copies the class's file and the files it imports relatively
+            if isinstance(student, cls) and not (folder / code).is_file():
+                raise RuntimeError(f"{folder}: save_pretrained did not copy the modelling code {code}")
     return isinstance(student, (ZGHeteroLlamaForCausalLM, ZGConvertedLlamaForCausalLM))

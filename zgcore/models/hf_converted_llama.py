@@ -1,5 +1,6 @@
 """A Llama whose token mixers are not all softmax attention: the modelling code that a converted
-student's folder carries (``trust_remote_code``). Imports nothing but ``torch`` and ``transformers``.
+student's folder carries (``trust_remote_code``), with its sibling :mod:`hf_linear_attention` (the
+chunked and banded sums). Imports nothing but ``torch``, ``transformers`` and that sibling.
 
 One set of weights, two forms. Every mixer has a *parallel* form (training, evaluation, prompt
 prefill: all positions at once; ``O(T^2)`` for training and scoring on the CPU, chunked in ``O(T)``
@@ -46,52 +47,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, apply_rotary_pos_emb
 
+from .hf_linear_attention import KERNELS, chunked_linear_attn, fla_linear_attn, window_terms
+
 MIXERS = ("softmax", "window", "linear", "linear_window", "none")
 WINDOWED = ("window", "linear_window")  # mixers that read the window
 FEATURED = ("linear", "linear_window")  # mixers with a learned feature map
 # linear_window's window factor starts at sigmoid(4) = 0.982 on the softmax terms, 0.018 on the linear ones:
 # the student starts near the window-only student, which is closer to the teacher than an even mix
 WINDOW_FACTOR_INIT = 4.0
-
-
-KERNELS = ("auto", "torch", "fla")  # the parallel form of the linear mixers: see the module docstring
-_FLA: list = []  # fla's chunk_linear_attn once looked up ([None]: not importable)
-
-
-def fla_linear_attn():
-    """fla's ``chunk_linear_attn(q, k, v, scale, ..., normalize)`` (``[B, T, H, K]`` layout), or
-    ``None`` where ``fla`` or its Triton is not importable. Looked up once."""
-    if not _FLA:
-        try:
-            from fla.ops.linear_attn import chunk_linear_attn
-        except Exception:  # not installed, or installed without a working Triton
-            chunk_linear_attn = None
-        _FLA.append(chunk_linear_attn)
-    return _FLA[0]
-
-
-def chunked_linear_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = 1.0,
-                        normalize: bool = False, chunk: int = 64, **_) -> tuple[torch.Tensor, None]:
-    """Causal linear attention's bare sums ``o_t = sum_{s <= t} (scale q_t . k_s) v_s`` in chunks, in
-    plain PyTorch, with fla's ``chunk_linear_attn`` contract (``q``, ``k`` ``[B, T, H, K]``, ``v``
-    ``[B, T, H, V]`` -> ``(o [B, T, H, V], None)``; ``normalize=False`` only): each chunk of
-    ``chunk`` queries meets its own keys through a masked ``chunk x chunk`` product and the earlier
-    chunks through their running state ``sum k_s v_s^T`` ``[K, V]``. Memory ``O(T (chunk + K V /
-    chunk))``, never ``T x T``. Raises ``ValueError`` for ``normalize=True``."""
-    if normalize:
-        raise ValueError("chunked_linear_attn computes the bare sums only (normalize=False)")
-    b, t, h, dk = q.shape
-    c = int(chunk)
-    n = -(-t // c)
-    pad = n * c - t
-    qc, kc, vc = (F.pad(x, (0, 0, 0, 0, 0, pad)).view(b, n, c, h, x.shape[-1]).permute(0, 3, 1, 2, 4)
-                  for x in (q * scale, k, v))  # [B, H, n, c, .]
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    intra = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0) @ vc
-    kv = kc.transpose(-1, -2) @ vc  # [B, H, n, K, V]: each chunk's own state
-    before = kv.cumsum(2) - kv  # the state of every chunk before it
-    o = (intra + qc @ before).permute(0, 2, 3, 1, 4).reshape(b, n * c, h, -1)[:, :t]
-    return o, None
 
 
 def hedgehog(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -253,7 +216,7 @@ class ZGMixer(nn.Module):
         the softmax terms over bands of ``2 * window`` keys."""
         vv = self._rep(v)
         if self.mixer == "window":
-            num_w, den_w = self._window_terms(q, self._rep(k), vv)
+            num_w, den_w = window_terms(q, self._rep(k), vv, self.window, self.scaling)
             return num_w / den_w
         fq, fk = self._phi_q(q), self._phi_k(k)
         shift = self.window if self.mixer == "linear_window" else 0
@@ -270,34 +233,9 @@ class ZGMixer(nn.Module):
         den = (fq * fk.cumsum(2)).sum(-1, keepdim=True)
         if not shift:
             return num / den
-        num_w, den_w = self._window_terms(q, self._rep(k), vv)
+        num_w, den_w = window_terms(q, self._rep(k), vv, self.window, self.scaling)
         f = self._factor()
         return (f * num_w + (1 - f) * num) / (f * den_w + (1 - f) * den)
-
-    def _window_terms(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(sum_j e_ij v_j [B, H, T, d], sum_j e_ij [B, H, T, 1])`` over the window's keys, with
-        ``e_ij = exp(s_ij - max_j s_ij)`` (the stabiliser :meth:`parallel` uses), in bands: each block of
-        ``window`` queries meets its own block and the one before, never a ``T x T`` matrix."""
-        b, h, t, d = q.shape
-        w = min(self.window, t)  # a prompt inside one window: every earlier key is in it, bands of t
-        nb = -(-t // w)
-        pad = nb * w - t
-        qb = F.pad(q, (0, 0, 0, pad)).view(b, h, nb, w, d)
-        kb = F.pad(k, (0, 0, w, pad)).view(b, h, nb + 1, w, d)
-        vb = F.pad(v, (0, 0, w, pad)).view(b, h, nb + 1, w, d)
-        keys = torch.cat([kb[:, :, :-1], kb[:, :, 1:]], 3)  # [B, H, nb, 2w, d]: the block before, then its own
-        vals = torch.cat([vb[:, :, :-1], vb[:, :, 1:]], 3)
-        s = qb @ keys.transpose(-1, -2) * self.scaling  # [B, H, nb, w, 2w]
-        a = torch.arange(w, device=q.device)[:, None]  # query offset in its block
-        j = torch.arange(2 * w, device=q.device)[None, :]  # key offset; key position = block start - w + j
-        inside = (j > a) & (j <= a + w)  # key in (query - w, query]
-        first = torch.arange(nb, device=q.device).view(nb, 1, 1) == 0
-        inside = inside & ~(first & (j < w))  # the first block has no block before it
-        s = s.masked_fill(~inside, float("-inf"))
-        e = torch.exp(s - s.amax(-1, keepdim=True))
-        num = (e @ vals).reshape(b, h, nb * w, d)[:, :, :t]
-        den = e.sum(-1, keepdim=True).reshape(b, h, nb * w, 1)[:, :, :t]
-        return num, den
 
     def prefill(self, state: MixerState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Fill an empty state with ``T`` tokens' keys and values (their outputs come from :meth:`parallel`)."""
