@@ -65,9 +65,22 @@ def main() -> int:
     ap.add_argument("--hybrid", nargs="+", default=None, metavar="MIXER", choices=MIXERS,
                     help="a student of equal partitions, one mixer each (softmax: the teacher's attention)")
     a = ap.parse_args()
-    if a.quick:
-        a.teacher, a.contexts, a.new, a.window, a.repeats, a.outputs = "tiny-llama", [64, 128], 16, 8, 2, tempfile.mkdtemp()
-    teacher, _tok = zteacher.load(zteacher.materialise(a.teacher, a.outputs, log=lambda *_: None))
+    if a.quick:  # the quick settings fill what was not given explicitly
+        for k, v in {"teacher": "tiny-llama", "contexts": [64, 128], "new": 16, "window": 8, "repeats": 2}.items():
+            if getattr(a, k) == ap.get_default(k):
+                setattr(a, k, v)
+        a.outputs = a.outputs if a.outputs != ap.get_default("outputs") else tempfile.mkdtemp()
+    if min(a.new, a.window, a.repeats, *a.contexts) < 1:
+        ap.error("--new, --window, --repeats and every --contexts value must be at least 1")
+    if a.json and not Path(a.json).resolve().parent.is_dir():
+        ap.error(f"--json {a.json}: its folder does not exist")
+    try:
+        teacher, _tok = zteacher.load(zteacher.materialise(a.teacher, a.outputs, log=lambda *_: None))
+    except ConfigError as e:
+        ap.error(f"--teacher {a.teacher}: {e}")
+    if max(a.contexts) + a.new > teacher.config.max_position_embeddings:
+        print(f"note: {max(a.contexts)} + {a.new} tokens pass the teacher's {teacher.config.max_position_embeddings} "
+              "positions; rotary positions extrapolate there", file=sys.stderr)
     n = teacher.config.num_hidden_layers
     models = {"teacher": teacher}
     for mixer in a.mixers:
@@ -104,13 +117,14 @@ def main() -> int:
             t0 = time.perf_counter()
             prefilled[k] = prefill(m, prompt)
             prefill_s[k] = time.perf_counter() - t0
-            print(f"context {ctx:6d}  {k:40} prefilled in {prefill_s[k]:7.1f} s", flush=True)
+            print(f"context {ctx:6d}  {k:40} prefilled in {prefill_s[k]:8.3f} s "
+                  f"(x{prefill_s[k] / prefill_s['teacher']:.2f} of the teacher's)", flush=True)
             if a.compare_t_by_t:
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     m(input_ids=prompt, use_cache=False)
                 t_by_t_s[k] = time.perf_counter() - t0
-                print(f"context {ctx:6d}  {k:40} forward without a cache in {t_by_t_s[k]:7.1f} s "
+                print(f"context {ctx:6d}  {k:40} forward without a cache in {t_by_t_s[k]:8.3f} s "
                       f"(prefill / that: {prefill_s[k] / t_by_t_s[k]:.2f})", flush=True)
         best = {k: float("inf") for k in models}
         nbytes = {}
@@ -126,7 +140,7 @@ def main() -> int:
                          "prefill_vs_teacher": prefill_s[k] / prefill_s["teacher"],
                          **({"t_by_t_forward_s": t_by_t_s[k]} if k in t_by_t_s else {})})
             print(f"context {ctx:6d}  {k:40} {tps:9.1f} tokens/s  x{rows[-1]['vs_teacher']:.2f} of the teacher  "
-                  f"cache {nbytes[k] / 2**20:8.2f} MiB", flush=True)
+                  f"cache {nbytes[k] / 2**20:10.4f} MiB", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"teacher": a.teacher, "new": a.new, "window": a.window, "hybrid": a.hybrid,
                                             "rows": rows}, indent=1))

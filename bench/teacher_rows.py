@@ -30,10 +30,12 @@ def main(argv: list[str] | None = None) -> float:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="4 layers, 4 x 64 tokens")
     a = ap.parse_args(argv)
-    if a.quick:
-        a.layers, a.batch, a.seq_len = 4, 4, 64
+    if a.quick:  # the quick settings fill what was not given explicitly
+        for k, v in {"layers": 4, "batch": 4, "seq_len": 64}.items():
+            if getattr(a, k) == ap.get_default(k):
+                setattr(a, k, v)
     if min(a.batch, a.seq_len, a.layers, a.rounds) < 1:
-        raise SystemExit("error: --batch, --seq-len, --layers and --rounds must be at least 1")
+        ap.error("--batch, --seq-len, --layers and --rounds must be at least 1")
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=a.layers,
                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=max(2048, a.seq_len),

@@ -311,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: wrote {write(preset, got, vals).relative_to(REPO)} ({len(got)} digests)")
         elif diff and mach and not env:
             status = 1
-            print(f"{name} ({preset}): " + "\n  ".join([f"values beyond rtol {RTOL}:", *diff]))
+            print(f"{name} ({preset}): " + "\n  ".join([f"values beyond rtol {RTOL} (bytes not compared, recorded on "
+                                                       "another machine: " + "; ".join(mach) + "):", *diff]))
         elif diff:
             status = 1
             why = ["recorded under other library versions (install with -c constraints.txt):", *env] if env else []

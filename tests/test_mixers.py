@@ -354,3 +354,14 @@ def test_a_chunked_prefill_computes_what_the_t_by_t_form_does(mixer, length):
     with torch.no_grad():
         want, got = mix.parallel(q, k, v), mix.parallel(q, k, v, chunked=True)
     assert (got - want).abs().max() <= 1e-5
+
+
+def test_generate_refuses_a_padded_batch_as_a_direct_call_does():
+    m = converted(["linear_window"] * 4)
+    ids = torch.randint(1, 256, (2, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    out = m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 14)
+    mask[0, :4] = 0  # a left-padded row
+    with pytest.raises(ValueError, match="unpadded sequences only"):
+        m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)

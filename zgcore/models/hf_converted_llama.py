@@ -336,12 +336,15 @@ class ZGConvertedLlamaForCausalLM(LlamaForCausalLM):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model makes its own recurrent state
 
-    def prepare_inputs_for_generation(self, input_ids, cache=None, past_key_values=None, **kwargs):
-        """The tokens the state has not consumed yet, and the state (a new one on the first step)."""
+    def prepare_inputs_for_generation(self, input_ids, cache=None, past_key_values=None, attention_mask=None,
+                                      **kwargs):
+        """The tokens the state has not consumed yet, the state (a new one on the first step), and the
+        attention mask (so a padded batch fails in :meth:`forward` as a direct call does)."""
         cache = cache if cache is not None else past_key_values
         if cache is None:
             cache = ZGRecurrentCache(self.config.num_hidden_layers)
-        return {"input_ids": input_ids[:, cache.get_seq_length():], "cache": cache, "use_cache": True}
+        return {"input_ids": input_ids[:, cache.get_seq_length():], "cache": cache, "use_cache": True,
+                "attention_mask": attention_mask}
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep=0, past_key_values=None, **kwargs):
