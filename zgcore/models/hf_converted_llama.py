@@ -215,9 +215,10 @@ class ZGMixer(nn.Module):
         values shifted by ``window`` for ``linear_window``, so query ``t`` sees keys ``<= t - window``),
         the softmax terms over bands of ``2 * window`` keys."""
         vv = self._rep(v)
-        if self.mixer == "window":
+        if self.mixer in WINDOWED:
             num_w, den_w = window_terms(q, self._rep(k), vv, self.window, self.scaling)
-            return num_w / den_w
+            if self.mixer == "window":
+                return num_w / den_w
         fq, fk = self._phi_q(q), self._phi_k(k)
         shift = self.window if self.mixer == "linear_window" else 0
         if shift:
@@ -233,7 +234,6 @@ class ZGMixer(nn.Module):
         den = (fq * fk.cumsum(2)).sum(-1, keepdim=True)
         if not shift:
             return num / den
-        num_w, den_w = window_terms(q, self._rep(k), vv, self.window, self.scaling)
         f = self._factor()
         return (f * num_w + (1 - f) * num) / (f * den_w + (1 - f) * den)
 
