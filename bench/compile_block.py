@@ -34,7 +34,7 @@ def main(argv=None) -> dict:
     from zgcore.models.adapters import build_block
     from zgcore.models.teacher_weights import layer_source
     from zgcore.training import mfu
-    from zgcore.training.blocks import train_block
+    from zgcore.training.blocks import BlockTraining, train_block
 
     b = block_inputs(a)
     task, rec, start, end, kept, seed, store, base = b.task, b.rec, b.start, b.end, b.kept, b.seed, b.store, b.base
@@ -49,8 +49,9 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="zg-compile-") as tmp:
         warm = build_block(layer_source(rec), kept, task.train["init"], seed)  # untimed: the process's first steps
         with BoundaryReader(store) as reader:
-            train_block(warm, reader, start, end, {**base, "max_steps": 3}, seed, Path(tempfile.mkdtemp(dir=tmp)),
-                        run_hash="bench-warm-up")
+            warm_run = BlockTraining({**base, "max_steps": 3}, seed, Path(tempfile.mkdtemp(dir=tmp)),
+                                     run_hash="bench-warm-up")
+            train_block(warm, reader, start, end, warm_run)
         for r in range(a.rounds):
             for arm in arms if r % 2 == 0 else arms[::-1]:
                 block = build_block(layer_source(rec), kept, task.train["init"], seed)
@@ -59,8 +60,8 @@ def main(argv=None) -> dict:
                                                      int(task.corpus["seq_len"]), 1, int(base["batch_size"]))
                 infos: list = []
                 with BoundaryReader(store) as reader:
-                    train_block(block, reader, start, end, {**base, "compile": arm == "compiled"}, seed,
-                                Path(tempfile.mkdtemp(dir=tmp)), run_hash=f"bench-{arm}", callbacks=[infos.append])
+                    train_block(block, reader, start, end, BlockTraining({**base, "compile": arm == "compiled"}, seed,
+                                Path(tempfile.mkdtemp(dir=tmp)), run_hash=f"bench-{arm}", callbacks=[infos.append]))
                 first[arm].append(infos[0].seconds)
                 steps[arm].extend(i.seconds for i in infos[1:])
                 weights[arm].append(b"".join(v.numpy().tobytes() for _, v in sorted(block.layer_state_dict().items())))

@@ -227,14 +227,14 @@ def identity(path: Path, model, a) -> bool:
     from bench.common import train_settings
     from zgcore.models.adapters import build_block
     from zgcore.data.boundary_store import BoundaryReader
-    from zgcore.training.blocks import train_block
+    from zgcore.training.blocks import BlockTraining, train_block
 
     weights = []
     for ahead in (0, 3):
         block = build_block(model, [0], "teacher", 7)
         t = train_settings(4, max_steps=6 if a.quick else 20, prefetch=ahead, objective="noisy")
         with BoundaryReader(path) as r, tempfile.TemporaryDirectory() as work:
-            train_block(block, r, 0, 1, t, 7, Path(work), f"p{ahead}")
+            train_block(block, r, 0, 1, BlockTraining(t, 7, Path(work), f"p{ahead}"))
         weights.append(block.layer_state_dict())
     return weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 

@@ -71,14 +71,14 @@ def main(argv=None) -> int:
         runs, weights = {}, {}
         with BoundaryReader(root / "store") as r:
             memory = InMemoryBoundaries(r, [0, b_out])
-        from zgcore.training.blocks import train_block
+        from zgcore.training.blocks import BlockTraining, train_block
 
         for mode, source, ahead in (("memory", lambda: memory, 0), ("cached-sync", lambda: BoundaryReader(root / "store"), 0),
                                     ("cached-prefetch", lambda: BoundaryReader(root / "store"), None)):
             tt = dict(t) if ahead is None else {**t, "prefetch": ahead}
             block = build_block(teacher, kept, "teacher", 7, device=a.device)
             with source() as src, tempfile.TemporaryDirectory() as work:
-                m = train_block(block, src, 0, b_out, tt, 7, Path(work), mode)
+                m = train_block(block, src, 0, b_out, BlockTraining(tt, 7, Path(work), mode))
             runs[mode] = (1e3 * m["seconds"] / m["steps"], m["compute_seconds"] / m["seconds"])
             weights[mode] = {k: v.cpu() for k, v in block.layer_state_dict().items()}
             print(f"  {mode}: {m['steps']} steps in {m['seconds']:.2f} s, waiting for data {m['data_seconds']:.2f} s",

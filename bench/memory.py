@@ -58,7 +58,7 @@ def child(spec_path: str) -> None:
     from bench.common import proc_status_kb, reset_peak_rss
     from zgcore.models.adapters import StudentBlock
     from zgcore.data.boundary_store import BoundaryReader
-    from zgcore.training.blocks import block_seed, train_block
+    from zgcore.training.blocks import BlockTraining, block_seed, train_block
 
     spec = json.loads(Path(spec_path).read_text())
     rec = spec["record"]
@@ -77,8 +77,8 @@ def child(spec_path: str) -> None:
     with BoundaryReader(spec["store"]) as reader:
         before = proc_status_kb("VmRSS")
         reset_ok = reset_peak_rss()
-        m = train_block(model, reader, b_in, b_out, spec["t"], block_seed(int(spec["t"]["seed"]), 0),
-                        Path(spec["work"]), run_hash="memory")
+        m = train_block(model, reader, b_in, b_out, BlockTraining(spec["t"], block_seed(int(spec["t"]["seed"]), 0),
+                        Path(spec["work"]), run_hash="memory"))
         peak = proc_status_kb("VmHWM")
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(json.dumps({"mode": spec["mode"], "layers": sum(len(b.layers) for b in blocks), "trainable_params": n_params,

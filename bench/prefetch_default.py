@@ -89,7 +89,7 @@ def main(argv=None) -> dict:
     from zgcore.data.boundary_store import BoundaryReader
     from zgcore.models.adapters import build_block
     from zgcore.models.teacher_weights import layer_source
-    from zgcore.training.blocks import train_block
+    from zgcore.training.blocks import BlockTraining, train_block
     from zgcore.data.feed import choose_mode, stored_batch_bytes
 
     b = block_inputs(a)
@@ -111,8 +111,8 @@ def main(argv=None) -> dict:
                 work = Path(tempfile.mkdtemp(dir=tmp))
                 source = memory if arm == "memory" else BoundaryReader(store)
                 infos: list = []
-                train_block(block, source, start, end, t, seed, work, run_hash=f"bench-{arm}",
-                            callbacks=[infos.append])
+                train_block(block, source, start, end, BlockTraining(t, seed, work, run_hash=f"bench-{arm}",
+                            callbacks=[infos.append]))
                 if arm != "memory":
                     source.close()
                 per_step = [i.seconds for i in infos[1:]]

@@ -22,7 +22,7 @@ import numpy as np
 
 from zgcore.models.adapters import build_block
 from zgcore.data.boundary_store import BoundaryReader, OnlineBoundaries
-from zgcore.training.blocks import block_seed, train_block
+from zgcore.training.blocks import BlockTraining, block_seed, train_block
 
 from .common import InMemoryBoundaries, log
 
@@ -33,7 +33,7 @@ def _train(teacher, kept, i, b_in, b_out, t, make_source, workdir: Path, tag: st
     work = Path(tempfile.mkdtemp(prefix=f"{tag}-b{i}-", dir=workdir))
     t0 = time.perf_counter()
     with make_source() as source:
-        m = train_block(block, source, b_in, b_out, t, seed, work, run_hash=tag)
+        m = train_block(block, source, b_in, b_out, BlockTraining(t, seed, work, run_hash=tag))
     m["wall_s"] = time.perf_counter() - t0
     m["step_s"] = m["seconds"] / max(1, m["steps"])
     m["teacher_s"] = getattr(source, "teacher_seconds", 0.0)

@@ -23,8 +23,8 @@ class _StudentTask(_TeacherTask):
         return str(self.study or getattr(self, "name", "") or "")
 
     def block_tasks(self) -> list[TrainBlock]:
-        return [TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=i, train=t,
-                           study=self.study_name(), outputs=self.outputs, device=self.device) for i, t in enumerate(self.blocks)]
+        return [self.shared(TrainBlock, boundary=self.boundary, block=i, train=t, study=self.study_name(),
+                            device=self.device) for i, t in enumerate(self.blocks)]
 
 
 class Assemble(_StudentTask):

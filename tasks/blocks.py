@@ -9,15 +9,14 @@ import json
 
 import luigi
 
+from zgcore.atomic import write_json
 from zgcore.data import boundary_store, corpus
 from zgcore.evaluation import flops
-from zgcore.training import blocks as ztrain, mfu
-from zgcore.models import students
-from zgcore.models.adapters import build_block, head_logits
-from zgcore.atomic import write_json
-from zgcore.models.shapes import kept_layers, resolve_boundaries
 from zgcore.hashing import canonical
-from zgcore.training.memory import PeakRSS
+from zgcore.models import students
+from zgcore.models.adapters import build_block
+from zgcore.training import blocks as ztrain
+from zgcore.training.partition import PartitionJob, mixer_of, train_partition  # noqa: F401 (mixer_of re-exported)
 
 from . import search
 from .base import HIDDEN
@@ -26,11 +25,12 @@ from .teacher import PrepareCorpus, _TeacherTask, teacher_record
 from .work import Resumable
 
 
-class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
-    """Train student block ``block`` (teacher layers [b_i, b_{i+1})) on boundary i → i+1.
+class TrainBlock(Resumable, _TeacherTask):
+    """Train student block ``block`` (teacher layers [b_i, b_{i+1})) on boundary i → i+1
+    (:func:`zgcore.training.partition.train_partition`).
 
     Its own seed, optimizer, data order and checkpoints; resumable from ``<out_dir>.partial``.
-    With ``train.lrs`` it searches its peak lr (:mod:`zgcore.training.lr_search`; see :meth:`run`)."""
+    With ``train.lrs`` it searches its peak lr (:class:`tasks.search.LRSearch`, :mod:`zgcore.training.lr_search`)."""
 
     # 2: online targets come from load_base, which now runs each family with its own attention implementation
     code_version = 2
@@ -52,13 +52,11 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         """Where the block's inputs and targets come from: the boundary store (cached) or the
         teacher and the corpus (online); with local auxiliary terms also the token store."""
         if self.train["targets"] == "online":  # no cache: the teacher runs inside training
-            return {"teacher": self.teacher_task(),
-                    "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+            return {"teacher": self.teacher_task(), "corpus": self.shared(PrepareCorpus)}
         req = {"teacher": self.teacher_task(),  # its record is read to load the teacher's layers
-               "cache": TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
-                                        outputs=self.outputs, device=self.device)}
+               "cache": self.shared(TeacherBoundary, boundary=self.boundary, device=self.device)}
         if ztrain.aux_active(self.train):  # local CE / MTP terms read the token ids from the token store
-            req["corpus"] = PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
+            req["corpus"] = self.shared(PrepareCorpus)
         return req
 
     def importance_task(self):
@@ -77,16 +75,41 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         mixer = f"-{self.train['mixer']}" if self.train.get("mixer", "softmax") != "softmax" else ""  # a converted block
         return f"block{self.block}{mixer}-{self.train['objective']}-{self.train['targets']}-s{self.train['seed']}{lr}"
 
-    # -- the lr search (train.lrs)
+    def run(self):
+        """Train at ``train.lr``; with ``train.lrs``, search the lr (candidates yielded as dynamic dependencies)."""
+        yield from search.LRSearch(self).run(self.train_once)
+
+    def dynamic_upstream(self) -> list:
+        return search.LRSearch(self).dynamic_upstream()
+
+    def train_once(self):
+        """Train the block at ``train.lr`` and write its output."""
+        req = self.requires()
+        job = PartitionJob(teacher_record(self.teacher_task()), self.boundary, self.corpus, self.train, self.block,
+                           self.device, self.work_dir, self.uid, self.title(), flops.block_train_flops,
+                           cache=req["cache"].out_dir if "cache" in req else None,
+                           tokens=req["corpus"].out_dir / "tokens.h5" if "corpus" in req else None,
+                           importance=req["importance"].out_dir / "importance.json" if "importance" in req else None,
+                           progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
+                           watchers=lambda per_token: self.watchers(self.train.get("tensorboard", True), per_token))
+        trained = train_partition(job)
+        with self.building() as tmp:
+            self.keep_work(tmp, (ztrain.LOSS_LOG, ztrain.FINAL_STATE))
+            trained.save(tmp)
+        self.drop_work()
+        m = trained.metrics
+        self.log(f"trained {m['steps']} steps in {m['seconds']:.1f} s; final loss {m['final_loss']:.4f}")
+
+    # -- the lr search's hooks (train.lrs; tasks.search.LRSearch)
     def candidate_task(self, lr: float) -> "TrainBlock":
         """This block at one peak lr, without a search."""
-        return TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
-                          train={**dict(self.train), "lr": float(lr), "lrs": []}, candidate=True,
-                          study=self.study, outputs=self.outputs, device=self.device)
+        return self.shared(TrainBlock, boundary=self.boundary, block=self.block,
+                           train={**dict(self.train), "lr": float(lr),
+                           "lrs": []}, candidate=True, study=self.study, device=self.device)
 
     def score_task(self, candidate: "TrainBlock") -> "ScoreBlock":
-        return ScoreBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
-                          train=candidate.train, outputs=self.outputs, device=self.device)
+        return self.shared(ScoreBlock, boundary=self.boundary, block=self.block, train=candidate.train,
+                           device=self.device)
 
     def score_of(self, task) -> dict:
         e = json.loads((task.out_dir / "score.json").read_text())
@@ -112,70 +135,6 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
             n_val = int(corpus.read_meta(req["corpus"].out_dir / "tokens.h5")["n_val"])
         search.tune_rows(n_val, dict(self.train.get("tune") or {}), f"train.lrs (block {self.block})")
 
-    def train_once(self):
-        """Train the block at ``train.lr`` and write its output."""
-        from zgcore.device import resolve
-        from zgcore.models.teacher_weights import layer_source, load_base, load_head
-
-        rss = PeakRSS().start()  # this task's peak resident memory (the distillation study reports it)
-        rec = teacher_record(self.teacher_task())
-        bs = resolve_boundaries(self.boundary, rec["n_layers"])
-        start, end = bs[self.block], bs[self.block + 1]
-        measured = (json.loads((self.importance_task().out_dir / "importance.json").read_text())
-                    if students.needs_measure(self.train) else {})
-        kept = kept_layers(start, end, self.train, measured.get("influence"))
-        seed = ztrain.block_seed(int(self.train["seed"]), self.block)
-        # the teacher's config and only the kept layers' weights, read lazily (safetensors)
-        block = build_block(layer_source(rec), kept, self.train["init"], seed, device=resolve(self.device),
-                            intermediate_size=self.train.get("intermediate_size"), channels=measured.get("channels"),
-                            kv_heads=self.train.get("kv_heads"), **mixer_of(self.train))
-        init_sd = {k: v.clone() for k, v in block.layer_state_dict().items()}  # training updates in place
-        aux = ztrain.aux_active(self.train)  # local auxiliary terms: the teacher's head and the token ids
-        tokens = head = None
-        if self.train["targets"] == "online" or aux:  # the token store's train split, in the boundary store's order
-            tokens = corpus.read_tokens(self.requires()["corpus"].out_dir / "tokens.h5", "train")
-        if aux:  # the teacher's embedding, final norm and LM head only: no decoder layer is read
-            head = load_head(rec, self.device)
-        if self.train["targets"] == "online":  # the teacher up to this block's output boundary only
-            teacher = load_base(rec, end, self.boundary["teacher_dtype"], self.device)
-            source = boundary_store.OnlineBoundaries(teacher, tokens, [start, end], self.boundary["dtype"],
-                                                     int(self.boundary["batch_size"]))
-        else:
-            source = boundary_store.BoundaryReader(self.requires()["cache"].out_dir)
-        seq_len, width = int(self.corpus["seq_len"]), block.body.config.hidden_size
-        layer_params = [sum(p.numel() for p in layer.parameters()) for layer in block.layers]
-        per_token = flops.block_train_flops(layer_params, width, seq_len, 1, 1) / seq_len  # training FLOPs per token
-        transfer = None
-        if self.train["objective"] == "attention_transfer":  # the partition's own teacher layers, read lazily
-            from zgcore.training.transfer import AttentionTargets, transfer_loss
-
-            targets = AttentionTargets(build_block(layer_source(rec), list(range(start, end)), "teacher", 0,
-                                                   device=resolve(self.device)), start, kept)
-            transfer = lambda x: transfer_loss(block, targets, x)  # noqa: E731
-        with source:
-            m = ztrain.train_block(block, source, start, end, self.train, seed, self.work_dir, self.uid, transfer=transfer,
-                                   progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
-                                   name=self.title(),
-                                   head=(lambda h: head_logits(head, h)) if aux else None, tokens=tokens,
-                                   callbacks=self.watchers(self.train.get("tensorboard", True), per_token))
-            m["teacher_seconds"] = getattr(source, "teacher_seconds", 0.0)
-        # the block's training FLOPs against this process's matmul peak (the report's utilisation table)
-        m.update(mfu.utilisation(flops.block_train_flops(layer_params, width, seq_len, m["steps"],
-                                                         int(self.train["batch_size"])), m["seconds"], self.device))
-        with self.building() as tmp:
-            ztrain.save_weights(tmp / "block.safetensors", block.layer_state_dict())
-            ztrain.save_weights(tmp / "init.safetensors", init_sd)
-            self.keep_work(tmp, (ztrain.LOSS_LOG, ztrain.FINAL_STATE))
-            write_json(tmp / "metrics.json", {**m, "block": self.block, "start": start, "end": end, "kept": kept,
-                                              "objective": self.train["objective"], "targets": self.train["targets"],
-                                              "seed": seed, "keep": self.train["keep"], "intermediate_size": block.width,
-                                              **({"kv_heads": block.kv_heads} if block.kv_heads is not None else {}),
-                                              **mixer_of(self.train),
-                                              "influence": [measured["influence"][i] for i in range(start, end)]
-                                              if measured else None, "peak_rss_mib": rss.stop()})
-        self.drop_work()
-        self.log(f"trained {m['steps']} steps in {m['seconds']:.1f} s; final loss {m['final_loss']:.4f}")
-
 
 class ScoreBlock(_TeacherTask):
     """The validation loss of one trained candidate block of an lr search
@@ -194,14 +153,14 @@ class ScoreBlock(_TeacherTask):
     train = luigi.DictParameter(visibility=HIDDEN, description="the candidate's train settings (one lr, no lrs)")
 
     def block_task(self) -> TrainBlock:
-        return TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
-                          train=self.train, candidate=True, study=self.study, outputs=self.outputs, device=self.device)
+        return self.shared(TrainBlock, boundary=self.boundary, block=self.block, train=self.train, candidate=True,
+                           study=self.study, device=self.device)
 
     def requires(self):
         b = self.block_task()
         req = {"block": b, **b.data_requires()}
         if self.train["targets"] == "online":
-            req["corpus"] = PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
+            req["corpus"] = self.shared(PrepareCorpus)
         return req
 
     def own_config(self):
@@ -239,16 +198,6 @@ class ScoreBlock(_TeacherTask):
         with self.building() as tmp:
             write_json(tmp / "score.json", {**m, "lr": float(self.train["lr"])})
         self.log(f"validation loss {m['val_loss']:.4f} over {m['sequences']} sequences")
-
-
-def mixer_of(t) -> dict:
-    """``{"mixer", "window"}`` of a converted block's train settings or metrics, ``{}`` for softmax
-    (whose metrics stay as they were)."""
-    from zgcore.models.mixers import WINDOWED, is_converted
-
-    if not is_converted(t):
-        return {}
-    return {"mixer": t["mixer"], **({"window": int(t["window"])} if t["mixer"] in WINDOWED else {})}
 
 
 def load_blocks(model, blocks: list[TrainBlock], which: str = "block"):

@@ -41,7 +41,7 @@ class _CacheTask(_TeacherTask):
     boundary = luigi.DictParameter(visibility=HIDDEN)
 
     def corpus_task(self) -> PrepareCorpus:
-        return PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
+        return self.shared(PrepareCorpus)
 
     def cache_extra(self, rec: dict[str, Any]) -> dict[str, Any]:
         """Entries every shard and the join's manifest carry (and must agree on)."""
@@ -195,8 +195,7 @@ class TeacherBoundary(_JoinTask):
     shard_class = BoundaryShard
 
     def shard_task(self, split, lo, hi):
-        return BoundaryShard(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, split=split, lo=lo, hi=hi,
-                             outputs=self.outputs, device=self.device)
+        return self.shared(BoundaryShard, boundary=self.boundary, split=split, lo=lo, hi=hi, device=self.device)
 
     def own_config(self):
         return {"boundary": cache_settings(self.boundary), "format_version": boundary_store.FORMAT_VERSION}

@@ -37,7 +37,7 @@ def read_metrics(task) -> dict[str, Any]:
     return json.loads((task.out_dir / "metrics.json").read_text())
 
 
-class DistillE2E(search.SearchesLR, _DistillTask):
+class DistillE2E(_DistillTask):
     """The distillation study's end-to-end arm: the blockwise arm's student before training (same
     kept layers, same initialisation), trained whole on the teacher's logits (and, with
     ``distill.hidden_weight`` > 0, its residual stream at every interior boundary) for as many
@@ -55,8 +55,6 @@ class DistillE2E(search.SearchesLR, _DistillTask):
     yielded round by round as dynamic dependencies; this task's output is then a copy of the
     chosen candidate's plus ``search.json`` (every lr searched, its CE, edge, diverged ones). A
     candidate whose training diverges writes only ``diverged.json`` and loses."""
-
-    lr_section = "distill"
 
     # 2: distill.lrs (the search), the heal-matched budget, diverged candidates recorded
     code_version = 2
@@ -113,15 +111,14 @@ class DistillE2E(search.SearchesLR, _DistillTask):
     def candidate_task(self, lr: float) -> "DistillE2E":
         """This arm at one peak lr, without a search."""
         d = {**dict(self.distill), "lr": float(lr), "lrs": []}
-        return DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks, distill=d,
-                          heal=self.heal, candidate=True, study=self.study, outputs=self.outputs, device=self.device)
+        return self.shared(DistillE2E, boundary=self.boundary, blocks=self.blocks, distill=d, heal=self.heal,
+                           candidate=True, study=self.study, device=self.device)
 
     def score_task(self, candidate: "DistillE2E") -> "EvaluateStudent":
         if not self.eval:
             raise ValueError("DistillE2E with distill.lrs needs the experiment's eval section (eval=...) to score candidates")
-        return EvaluateStudent(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                               distill=candidate.distill, heal=self.heal, candidate=True, eval=tune_eval(self.eval),
-                               outputs=self.outputs, device=self.device)
+        return self.shared(EvaluateStudent, boundary=self.boundary, blocks=self.blocks, distill=candidate.distill,
+                           heal=self.heal, candidate=True, eval=tune_eval(self.eval), device=self.device)
 
     def score_of(self, task) -> dict:
         e = json.loads((task.out_dir / "eval.json").read_text())
@@ -135,8 +132,11 @@ class DistillE2E(search.SearchesLR, _DistillTask):
         search.copy_output(best.out_dir, tmp, ("model", "metrics.json", LOSS_LOG, FINAL_STATE))
         write_json(tmp / "search.json", record)
 
-    def train_once(self) -> None:
-        _DistillTask.run(self)
+    def run(self):
+        yield from search.LRSearch(self, "distill").run(lambda: _DistillTask.run(self))
+
+    def dynamic_upstream(self) -> list:
+        return search.LRSearch(self, "distill").dynamic_upstream()
 
     def start_student(self, teacher):
         """The blockwise arm's untrained student (:func:`zgcore.training.distill.initial_student`): built
@@ -223,10 +223,10 @@ class EvaluateStudent(_StudentTask):
     def requires(self):
         from .heldout import held_out_tasks
 
-        req = {"model": DistillE2E(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                   distill=self.distill, heal=self.heal, candidate=self.candidate, eval=self.eval,
-                                   study=self.study, outputs=self.outputs, device=self.device),
-               "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+        req = {"model": self.shared(DistillE2E, boundary=self.boundary, blocks=self.blocks, distill=self.distill,
+                                    heal=self.heal, candidate=self.candidate, eval=self.eval, study=self.study,
+                                    device=self.device),
+               "corpus": self.shared(PrepareCorpus)}
         if not self.candidate and held_out_tasks(self, self.eval):  # a search candidate is scored in-domain only
             req["extra"] = held_out_tasks(self, self.eval)
         return req
@@ -308,8 +308,7 @@ class DistillStudyReport(_StudentTask):
         """The four arms' evaluations and every output the report reads besides them: the
         end-to-end models' and the healing stage's metrics, the blocks' (lr searches), and
         (cached targets) the cache's manifest."""
-        kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                  study=self.study_name(), outputs=self.outputs, device=self.device)
+        kw = self.shared_params(boundary=self.boundary, blocks=self.blocks, study=self.study_name(), device=self.device)
         req = {"blockwise": Evaluate(eval=self.eval, name=self.name, **kw),
                "e2e": EvaluateStudent(eval=self.eval, distill=self.distill, **kw),
                "healed": Evaluate(eval=self.eval, heal=self.heal, name=self.name, **kw),
@@ -318,8 +317,7 @@ class DistillStudyReport(_StudentTask):
                "e2e_healed_model": DistillE2E(distill=self.distill, heal=self.heal, eval=self.eval, **kw),
                "heal": Heal(heal=self.heal, **kw), "blocks": self.block_tasks()}
         if any(t["targets"] == "cached" for t in self.blocks):
-            req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
-                                           outputs=self.outputs, device=self.device)
+            req["cache"] = self.shared(TeacherBoundary, boundary=self.boundary, device=self.device)
         return req
 
     def own_config(self):

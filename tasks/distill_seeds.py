@@ -10,10 +10,11 @@ from zgcore.atomic import write_json, write_text
 from zgcore.evaluation.compare import SCORES, check_same_sequences, load_scores
 
 from .base import HIDDEN, ZGTask
+from .teacher import SharesUpstream
 from .distill import DistillStudyReport
 
 
-class DistillSeedsReport(ZGTask):
+class DistillSeedsReport(SharesUpstream, ZGTask):
     """The distillation study over ``seeds``: one :class:`DistillStudyReport` per seed (its own
     blocks, end-to-end student and healing; the teacher cache is shared), then the arms' CE per
     seed and mean ± std, and comparisons pooled over seeds (``report.json``, ``report.md``)."""
@@ -31,9 +32,9 @@ class DistillSeedsReport(ZGTask):
     name = luigi.Parameter(default="distill-study", significant=False)
 
     def requires(self):
-        return [DistillStudyReport(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=st["blocks"],
-                                   eval=self.eval, heal=st["heal"], distill=st["distill"], name=self.name,
-                                   outputs=self.outputs, device=self.device) for st in self.studies]
+        return [self.shared(DistillStudyReport, boundary=self.boundary, blocks=st["blocks"], eval=self.eval,
+                            heal=st["heal"], distill=st["distill"], name=self.name, device=self.device)
+                for st in self.studies]
 
     def own_config(self):
         return {}

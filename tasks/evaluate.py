@@ -8,12 +8,8 @@ import json
 
 import luigi
 
-from zgcore.atomic import write_json, write_text
 from zgcore.data import corpus
-from zgcore.evaluation import flops, plots, report as zreport, utilisation
-from zgcore.evaluation.compare import SCORES, save_scores, scores_part, subset_digest
-from zgcore.evaluation.heldout_score import entry as extra_entry
-from zgcore.evaluation import metrics
+from zgcore.evaluation import flops, joined, plots, report as zreport, utilisation
 
 from .assemble import _StudentTask
 from .base import HIDDEN
@@ -23,18 +19,11 @@ from .score import METRICS, SCORES as SCORE_FILE, ScoreTeacher, ScoreUntrained
 from .score_student import SHIFT, BoundaryShift, ScoreAssembled, student_model_task
 from .teacher import PrepareCorpus
 
-MODELS = ("teacher", "untrained", "student")
-ECONOMICS_METHOD = ("Each job's time in the mode it ran in is measured; the other mode is projected from its measured "
-                    "compute time plus the teacher's forward time per batch up to the block's output boundary, taken "
-                    "from the cache build's own measured time per sequence (scaled by the FLOPs of the layers up to "
-                    "that boundary), not from another forward.")
-
 
 def score_tasks(task, held_out: dict | None = None) -> dict:
     """The teacher's, the untrained student's and the student's scoring tasks of an evaluation task
     (``Evaluate``) on the validation split's test rows (``held_out`` None) or one ``eval.extra`` corpus."""
-    kw = dict(teacher=task.teacher, corpus=task.corpus, eval=task.eval, held_out=held_out or {}, outputs=task.outputs,
-              device=task.device)
+    kw = task.shared_params(eval=task.eval, held_out=held_out or {}, device=task.device)
     return {"teacher": ScoreTeacher(**kw),
             "untrained": ScoreUntrained(boundary=task.boundary, blocks=task.blocks, **kw),
             "student": ScoreAssembled(boundary=task.boundary, blocks=task.blocks, heal=task.heal, study=task.study_name(),
@@ -70,13 +59,12 @@ class Evaluate(_StudentTask):
 
     def requires(self):
         req = {"scores": score_tasks(self), "assemble": student_model_task(self, self.heal),
-               "shift": BoundaryShift(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                      eval=self.eval, study=self.study_name(), outputs=self.outputs, device=self.device),
-               "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs),
+               "shift": self.shared(BoundaryShift, boundary=self.boundary, blocks=self.blocks, eval=self.eval,
+                                    study=self.study_name(), device=self.device),
+               "corpus": self.shared(PrepareCorpus),
                "blocks": self.block_tasks()}  # metrics.json and loss logs are read here
         if any(t["targets"] == "cached" for t in self.blocks):  # its manifest feeds the cache economics
-            req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
-                                           outputs=self.outputs, device=self.device)
+            req["cache"] = self.shared(TeacherBoundary, boundary=self.boundary, device=self.device)
         if int(self.heal.get("steps", 0)) and self.heal.get("targets") == "cached":  # its manifest: the store's cost
             from .logits import logit_store_task
 
@@ -94,56 +82,22 @@ class Evaluate(_StudentTask):
 
     def run(self):
         req = self.requires()
-        val_all = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
-        rows = metrics.eval_subset(len(val_all), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
-        val = val_all[rows]
-        sc = read_scores(req["scores"])
-        docs = sc["teacher"].get("documents")
-        per_seq = {k: as_floats(sc[k]["ce"][k]) for k in MODELS}
-        ce = {k: float(v.mean()) for k, v in per_seq.items()}
-        cu = {k: sc[k]["context_use"] for k in MODELS if sc[k]["context_use"] is not None}
-        extra, extra_scores = [], {}
-        for tasks in req.get("extra", []):
-            es = read_scores(tasks)
-            ex_docs = es["teacher"].get("documents")
-            part = scores_part({k: es[k]["ce"][k] for k in MODELS}, es["teacher"]["rows"],
-                               None if ex_docs is None else as_ints(ex_docs))
-            extra_scores[es["teacher"]["name"]] = part
-            extra.append(extra_entry(es["teacher"], part))
-        blocks = [json.loads((t.out_dir / "metrics.json").read_text()) for t in req["blocks"]]
-        bounds = [b["start"] for b in blocks] + [blocks[-1]["end"]]
-        shift = json.loads(req["shift"].checked(SHIFT).read_text())
-        parameters = {k: sc[k]["parameters"] for k in ("teacher", "student")}
-        report = zreport.experiment_report(
-            {"name": self.name, "teacher": self.teacher, "boundaries": bounds, "seq_len": int(val.shape[1]),
-             "val_sequences": int(len(val)), "val_tokens": int(val.size), "cross_entropy": ce,
-             "subset": {"sequences": int(len(rows)), "of": int(len(val_all)), "seed": int(self.eval["subset_seed"]),
-                        "sha256": subset_digest(rows)}, "extra": extra,
-             "layers": {k: sc[k]["layers"] for k in MODELS}, "parameters": parameters,
-             "blocks": blocks, "model_dir": sc["student"]["model_dir"], "sample": sc["student"]["sample"], "context_use": cu,
-             "heal_steps": int(self.heal.get("steps", 0)),
-             "comparisons": zreport.model_comparisons(per_seq, int(self.blocks[0]["seed"]), extra_scores,
-                                                      None if docs is None else as_ints(docs)),
-             "context_window": int(self.eval["context_window"]), "context_sequences": min(int(self.eval["context_sequences"]), len(val)),
-             "shift": shift},
-            self.eval)
-        manifest = None
-        if "cache" in req:
-            manifest = json.loads((req["cache"].out_dir / "manifest.json").read_text())
-            report["economics"] = zreport.economics(manifest, blocks, [t["batch_size"] for t in self.blocks],
-                                                    build_time_per_batch(manifest, parameters["teacher"], int(val.shape[1]),
-                                                                         bounds[-1]))
-            report["economics"]["method"] = ECONOMICS_METHOD
-        if "logits" in req:
-            report["logit_store"] = zreport.logit_store_cost(json.loads((req["logits"].out_dir / "manifest.json").read_text()))
-        report["mfu"] = self.phases(req, blocks, parameters, manifest, int(val.shape[1]), bounds[-1])
+        manifest = json.loads((req["cache"].out_dir / "manifest.json").read_text()) if "cache" in req else None
+        ev = joined.evaluate(joined.EvaluationInputs(
+            name=self.name, teacher=self.teacher, eval=self.eval, train=self.blocks,
+            val=corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val"), scores=read_scores(req["scores"]),
+            extra=[read_scores(tasks) for tasks in req.get("extra", [])],
+            blocks=[json.loads((t.out_dir / "metrics.json").read_text()) for t in req["blocks"]],
+            shift=json.loads(req["shift"].checked(SHIFT).read_text()), heal_steps=int(self.heal.get("steps", 0)),
+            cache=manifest,
+            logits=json.loads((req["logits"].out_dir / "manifest.json").read_text()) if "logits" in req else None))
+        rep = ev.report
+        rep["mfu"] = self.phases(req, rep["blocks"], ev.parameters, manifest, rep["seq_len"], rep["boundaries"][-1])
         with self.building() as tmp:
-            write_json(tmp / "report.json", report)
-            write_text(tmp / "report.md", zreport.report_markdown(report) + "\n" + utilisation.markdown(report["mfu"]))
-            save_scores(tmp / SCORES, scores_part(per_seq, rows, None if docs is None else as_ints(docs)), extra_scores)
+            ev.save(tmp)
             plots.loss_curves([(f"block {t.block}", t.out_dir / "loss_log.csv") for t in req["blocks"]], tmp / "loss_curves.png")
-            plots.drift(report["shift"], tmp / "drift.png")
-        self.log(zreport.summary_line(report))  # the run's `Report: <path>` line comes last (workflows/ending.py)
+            plots.drift(rep["shift"], tmp / "drift.png")
+        self.log(zreport.summary_line(rep))  # the run's `Report: <path>` line comes last (workflows/ending.py)
 
     def phases(self, req, blocks, parameters, manifest, seq_len, last) -> list[dict]:
         """The compute utilisation rows (:mod:`zgcore.evaluation.utilisation`): cache build, each
@@ -187,30 +141,3 @@ def _cache_phase(cache, manifest, teacher, seq_len: int, last: int, here) -> dic
         return utilisation.phase("cache build", sum(m["seconds"] for m in ms), sum(m["flops"] for m in ms), ms[0]["peak"])
     work = flops.cache_build_flops(teacher, int(manifest["n_train"]) + int(manifest["n_val"]), seq_len, last)
     return utilisation.phase("cache build", float(manifest["build_seconds"]), work, here(), "report")
-
-
-def as_floats(values):
-    """A per-sequence CE list as float64 ``[n]`` (JSON keeps every float64 exactly)."""
-    import numpy as np
-
-    return np.asarray(values, dtype=np.float64)
-
-
-def as_ints(values):
-    """Document ids as int64 ``[n]``."""
-    import numpy as np
-
-    return np.asarray(values, dtype=np.int64)
-
-
-def build_time_per_batch(manifest, teacher, seq_len: int, last: int):
-    """``(start, end, batch_size) -> s``: the teacher's forward time for one batch up to boundary
-    ``end``, from the cache build's own measurement (``build_seconds`` over its sequences, each
-    through the first ``last`` layers), scaled by the FLOPs of the first ``end`` layers over those of ``last``."""
-    per_seq = float(manifest["build_seconds"]) / (int(manifest["n_train"]) + int(manifest["n_val"]))
-    full = flops.layers_forward(teacher["layers"][:last], seq_len, teacher["width"])
-
-    def seconds(start: int, end: int, batch_size: int) -> float:
-        return per_seq * batch_size * flops.layers_forward(teacher["layers"][:end], seq_len, teacher["width"]) / full
-
-    return seconds

@@ -45,7 +45,7 @@ class _DistillTask(Resumable, _StudentTask):
     section = "heal"  # the configuration section of settings(), named in errors
 
     def corpus_task(self) -> PrepareCorpus:
-        return PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
+        return self.shared(PrepareCorpus)
 
     def settings(self) -> dict[str, Any]:
         """The distillation settings (as :data:`zgcore.config.defaults.HEAL_DEFAULTS`)."""
@@ -89,10 +89,11 @@ class _DistillTask(Resumable, _StudentTask):
             cost = lambda steps, batch: flops.heal_flops(seq_len, par[1], par[0], steps, batch,  # noqa: E731
                                                          store_sequences=None if par[1] is not None else 0)["total"]
             per_token = cost(1, 1) / seq_len
-            m = zdistill.distill(student, teacher, tokens, h, int(h["steps"]), int(h["seed"]), self.work_dir, self.uid,
-                                 pairs=pairs, name=self.title(), section=self.section,
-                                 progress=lambda s, n, v: self.progress(s, n, f"step {s}/{n} loss {v[0]:.4f}"),
-                                 callbacks=self.watchers(h.get("tensorboard", True), per_token), store=store)
+            run = zdistill.DistillRun(h, int(h["steps"]), int(h["seed"]), self.work_dir, self.uid,
+                                      pairs=pairs, name=self.title(), section=self.section,
+                                      progress=lambda s, n, v: self.progress(s, n, f"step {s}/{n} loss {v[0]:.4f}"),
+                                      callbacks=self.watchers(h.get("tensorboard", True), per_token), store=store)
+            m = zdistill.distill(student, teacher, tokens, run)
             m.update(mfu.utilisation(cost(m["steps"], int(h["batch_size"])), m["seconds"],
                                      self.device))
         with self.building() as tmp:
@@ -128,8 +129,8 @@ class Heal(_DistillTask):
     heal = luigi.DictParameter(visibility=HIDDEN, description="the experiment's heal section")
 
     def requires(self):
-        req = {"assemble": Assemble(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                                    study=self.study, outputs=self.outputs, device=self.device),
+        req = {"assemble": self.shared(Assemble, boundary=self.boundary, blocks=self.blocks, study=self.study,
+                                       device=self.device),
                "corpus": self.corpus_task(), **self.logit_requires()}
         if float(self.heal.get("hidden_weight") or 0) > 0:  # the blocks' records place the interior boundaries
             req["blocks"] = self.block_tasks()

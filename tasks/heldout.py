@@ -59,7 +59,7 @@ class PrepareHeldOut(_TeacherTask):
 def held_out_tasks(task, eval_cfg) -> list[PrepareHeldOut]:
     """The PrepareHeldOut tasks of an evaluation task's ``eval.extra`` (``task`` has ``teacher``,
     ``corpus``, ``outputs``), in the configured order."""
-    return [PrepareHeldOut(teacher=task.teacher, extra=e, seq_len=int(task.corpus["seq_len"]), outputs=task.outputs)
+    return [task.shared(PrepareHeldOut, extra=e, seq_len=int(task.corpus["seq_len"]))
             for e in heldout.extra_corpora(eval_cfg)]
 
 

@@ -36,9 +36,9 @@ def teacher_tune_score(task, tune) -> ScoreTeacher:
     """The teacher's held-out CE on the tuning rows (the validation sequences outside the test
     subset ``tune``): the reference every candidate's in-context CE is measured against, the same
     :class:`tasks.score.ScoreTeacher` task for every library on one outputs folder."""
-    return ScoreTeacher(teacher=task.teacher, corpus=task.corpus, rows="tune", outputs=task.outputs, device=task.device,
-                        eval={"batch_size": BATCH, "max_sequences": int(tune["max_sequences"]),
-                              "subset_seed": int(tune["subset_seed"])})
+    return task.shared(ScoreTeacher, rows="tune", device=task.device,
+                       eval={"batch_size": BATCH, "max_sequences": int(tune["max_sequences"]),
+                             "subset_seed": int(tune["subset_seed"])})
 
 
 def score_mean(task: ScoreTeacher) -> float:
@@ -64,16 +64,15 @@ class ScoreCandidate(_TeacherTask):
     context = luigi.IntParameter(default=0, description="library.context: decode tokens at which kv_bytes are counted")
 
     def block_task(self) -> TrainBlock:
-        return TrainBlock(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, block=self.block,
-                          train=self.train, study=self.study, outputs=self.outputs, device=self.device)
+        return self.shared(TrainBlock, boundary=self.boundary, block=self.block, train=self.train, study=self.study,
+                           device=self.device)
 
     def requires(self):
         req = {"block": self.block_task(), "teacher": self.teacher_task(),
-               "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs),
+               "corpus": self.shared(PrepareCorpus),
                "teacher_ce": teacher_tune_score(self, self.tune)}
         if self.train["targets"] == "cached":
-            req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
-                                           outputs=self.outputs, device=self.device)
+            req["cache"] = self.shared(TeacherBoundary, boundary=self.boundary, device=self.device)
         return req
 
     def own_config(self):
@@ -191,10 +190,9 @@ class ScoreStudent(_StudentTask):
     eval = luigi.DictParameter(visibility=HIDDEN)
 
     def requires(self):
-        kw = dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=self.blocks,
-                  study=self.study, outputs=self.outputs, device=self.device)
+        kw = self.shared_params(boundary=self.boundary, blocks=self.blocks, study=self.study, device=self.device)
         req = {"assemble": AssembleExact(**kw),
-               "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+               "corpus": self.shared(PrepareCorpus)}
         if held_out_tasks(self, self.eval):
             req["extra"] = held_out_tasks(self, self.eval)
         return req

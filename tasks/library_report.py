@@ -17,10 +17,11 @@ from zgcore.evaluation.flops import blocks_training_flops
 from zgcore.evaluation.report import random_teacher_note
 
 from .base import HIDDEN, ZGTask
+from .teacher import SharesUpstream
 from .library import ScoreCandidate, ScoreStudent, SelectBudget, read_candidate
 
 
-class LibraryReport(ZGTask):
+class LibraryReport(SharesUpstream, ZGTask):
     """``report.json`` (``"selections": [{"budget", "chosen", "params", "ce", "model", ...}]``,
     ``"candidates"``, ``"uniform"``, ``"comparisons"``), ``report.md`` and ``quality_size.png``.
 
@@ -45,8 +46,8 @@ class LibraryReport(ZGTask):
     context = luigi.IntParameter(default=0, description="library.context: decode tokens at which kv_bytes are counted (0: per token)")
 
     def _kw(self):
-        return dict(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs,
-                    device=self.device)  # where the tasks below work (this one only aggregates)
+        # where the tasks below work (this one only aggregates)
+        return self.shared_params(boundary=self.boundary, device=self.device)
 
     def _ctx(self):
         return {"context": int(self.context)} if int(self.context) else {}  # candidates' kv_bytes at library.context

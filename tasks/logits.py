@@ -81,8 +81,8 @@ class TeacherLogitStore(_LogitTask, _JoinTask):
     shard_class = TeacherLogits
 
     def shard_task(self, split, lo, hi):
-        return TeacherLogits(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, logits=self.logits,
-                             split=split, lo=lo, hi=hi, outputs=self.outputs, device=self.device)
+        return self.shared(TeacherLogits, boundary=self.boundary, logits=self.logits, split=split, lo=lo, hi=hi,
+                           device=self.device)
 
     def own_config(self):
         return {"logits": logit_settings(self.logits), "format_version": boundary_store.FORMAT_VERSION}
@@ -93,5 +93,4 @@ class TeacherLogitStore(_LogitTask, _JoinTask):
 
 def logit_store_task(task, h: Mapping[str, Any]) -> TeacherLogitStore:
     """The logit store a Heal or DistillE2E ``task`` reads with its section ``h`` (``top_k``, ``temperature``)."""
-    return TeacherLogitStore(teacher=task.teacher, corpus=task.corpus, boundary=task.boundary, logits=logit_settings(h),
-                             outputs=task.outputs, device=task.device)
+    return task.shared(TeacherLogitStore, boundary=task.boundary, logits=logit_settings(h), device=task.device)

@@ -79,9 +79,8 @@ class _Score(_TeacherTask):
 
     def data_task(self):
         if self.held_out:
-            return PrepareHeldOut(teacher=self.teacher, extra=self.held_out, seq_len=int(self.corpus["seq_len"]),
-                                  outputs=self.outputs)
-        return PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)
+            return self.shared(PrepareHeldOut, extra=self.held_out, seq_len=int(self.corpus["seq_len"]))
+        return self.shared(PrepareCorpus)
 
     def model_requires(self) -> dict[str, Any]:
         return {}

@@ -28,8 +28,7 @@ SAMPLE_TOKENS = 24  # greedy tokens the student generates after "The" (the repor
 def student_model_task(task, heal) -> Assemble | Heal:
     """The student ``task`` (a ``_StudentTask``) evaluates: the healed one when ``heal.steps`` > 0,
     else the assembled one."""
-    kw = dict(teacher=task.teacher, corpus=task.corpus, boundary=task.boundary, blocks=task.blocks,
-              study=task.study_name(), outputs=task.outputs, device=task.device)
+    kw = task.shared_params(boundary=task.boundary, blocks=task.blocks, study=task.study_name(), device=task.device)
     return Heal(heal=heal, **kw) if int(heal.get("steps", 0)) else Assemble(**kw)
 
 
@@ -78,7 +77,7 @@ class BoundaryShift(_StudentTask):
 
     def requires(self):
         return {"teacher": self.teacher_task(), "blocks": self.block_tasks(),
-                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+                "corpus": self.shared(PrepareCorpus)}
 
     def own_config(self):
         return {"eval": {k: int(self.eval[k]) for k in ("max_sequences", "subset_seed", "context_sequences")}}

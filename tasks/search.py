@@ -115,77 +115,61 @@ def search_record(s: dict, tasks: Sequence[Any]) -> dict:
     return {**{k: s[k] for k in keep}, "candidates": [str(t.out_dir) for t in tasks]}
 
 
-class SearchesLR:
-    """What a training task whose peak lr may be searched shares (``TrainBlock`` with ``train.lrs``,
-    ``DistillE2E`` with ``distill.lrs``): with ``lrs`` set, :meth:`run` searches — every candidate lr
-    its own task (:meth:`candidate_task`), scored by another (:meth:`score_task`, :meth:`score_of`),
-    rounds ``yield``ed as dynamic dependencies — then keeps the chosen candidate's output
-    (:meth:`keep_chosen`); without, it trains once (:meth:`train_once`), and a search candidate that
-    diverges completes with only ``diverged.json``. The settings with ``lr``, ``lrs`` and
-    ``lr_rounds`` are the parameter named :attr:`lr_section`.
+class LRSearch:
+    """The lr search of a training task whose peak lr may be searched (``TrainBlock`` with
+    ``train.lrs``, ``DistillE2E`` with ``distill.lrs``), composed into the task: the task's ``run``
+    is ``yield from LRSearch(self, section).run(self.train_once)``.
+
+    With ``lrs`` set in the task's ``section`` parameter, :meth:`run` searches: every candidate lr
+    is its own task (the task's ``candidate_task(lr)``), scored by another (``score_task(candidate)``,
+    ``score_of(score task)`` -> ``{"score", "diverged"}``), rounds ``yield``ed as dynamic dependencies,
+    after ``check_tune_rows()`` (raises when no validation sequence lies outside the test subset);
+    then the task writes its output from the chosen candidate (``keep_chosen(best, tmp, summary,
+    record)``); ``search_hint()`` (if it has one) says what to change when every candidate diverged. Without
+    ``lrs`` it trains once, and a search candidate (``task.candidate``) that diverges completes with
+    only ``diverged.json``.
     """
 
-    lr_section = "train"  # the task's parameter holding lr, lrs and lr_rounds
+    def __init__(self, task, section: str = "train"):
+        self.task, self.section = task, section
 
-    def lr_settings(self):
-        """The mapping with ``lr``, ``lrs`` and ``lr_rounds`` (the :attr:`lr_section` parameter)."""
-        return getattr(self, self.lr_section)
+    @property
+    def settings(self):
+        """The mapping with ``lr``, ``lrs`` and ``lr_rounds`` (the task's ``section`` parameter)."""
+        return getattr(self.task, self.section)
 
-    def candidate_task(self, lr: float):
-        """This task at one peak lr, without a search."""
-        raise NotImplementedError
-
-    def score_task(self, candidate):
-        """The task that scores a candidate on the tuning rows."""
-        raise NotImplementedError
-
-    def score_of(self, task) -> dict:
-        """``{"score": float | None, "diverged": dict | None}`` of a finished :meth:`score_task`."""
-        raise NotImplementedError
-
-    def check_tune_rows(self) -> None:
-        """Before any candidate trains: raise ``ValueError`` saying what to set when no validation
-        sequence lies outside the test subset to score the candidates on."""
-        raise NotImplementedError
-
-    def search_hint(self) -> str:
-        """What to change when every candidate diverged."""
-        return f"lower {self.lr_section}.lrs"
-
-    def keep_chosen(self, best, tmp: Path, s: dict, record: dict) -> None:
-        """Write the searching task's output in ``tmp`` from its chosen candidate ``best``."""
-        raise NotImplementedError
-
-    def train_once(self) -> None:
-        """Train at ``lr`` and write the output."""
-        raise NotImplementedError
+    @property
+    def active(self) -> bool:
+        """Whether the task searches (``lrs`` is set)."""
+        return bool(self.settings.get("lrs"))
 
     def _search(self):
         def make(lr):
-            return self.score_task(self.candidate_task(lr))
-        sec = self.lr_settings()
-        return [float(x) for x in sec["lrs"]], int(sec["lr_rounds"]), make, self.score_of
+            return self.task.score_task(self.task.candidate_task(lr))
+        sec = self.settings
+        return [float(x) for x in sec["lrs"]], int(sec["lr_rounds"]), make, self.task.score_of
 
     def dynamic_upstream(self) -> list:
         """With a search: every candidate's score that exists (read like static inputs)."""
-        return replay(*self._search())[2] if self.lr_settings().get("lrs") else []
+        return replay(*self._search())[2] if self.active else []
 
-    def run(self):
-        """Train; with ``lrs``, search the lr instead and keep a copy of the chosen candidate's
-        output plus ``search.json``. A candidate whose training diverges writes only ``diverged.json``."""
-        sec = self.lr_settings()
-        if sec.get("lrs"):
-            self.check_tune_rows()
-            s, tasks = yield from run_search(*self._search(), who=self.title(),
-                                             hint=self.search_hint())
-            with self.building() as tmp:
-                self.keep_chosen(self.candidate_task(s["best_lr"]), tmp, s, search_record(s, tasks))
-            self.log(f"chosen lr {s['best_lr']:g} ({lr_search.edge_note(s)}) of " + ", ".join(
-                f"{lr:g}: {'diverged' if v is None else f'{v:.4f}'}" for lr, v in zip(s["lrs"], s["scores"])))
+    def run(self, train_once: Callable[[], None]):
+        """Generator for the task's ``run``: ``train_once()``; with ``lrs``, search the lr instead and keep
+        a copy of the chosen candidate's output plus ``search.json``. A candidate whose training diverges
+        (:class:`~zgcore.training.loop.NonFiniteError`) writes only ``diverged.json``."""
+        task = self.task
+        if not self.active:
+            try:
+                train_once()
+            except NonFiniteError as e:
+                if not task.candidate:
+                    raise
+                record_divergence(task, self.settings["lr"], e)
             return
-        try:
-            self.train_once()
-        except NonFiniteError as e:
-            if not self.candidate:
-                raise
-            record_divergence(self, sec["lr"], e)
+        task.check_tune_rows()
+        hint = task.search_hint() if hasattr(task, "search_hint") else f"lower {self.section}.lrs"
+        s, tasks = yield from run_search(*self._search(), who=task.title(), hint=hint)
+        with task.building() as tmp:
+            task.keep_chosen(task.candidate_task(s["best_lr"]), tmp, s, search_record(s, tasks))
+        task.log(f"chosen lr {s['best_lr']:g} ({lr_search.edge_note(s)}) of " + ", ".join(
+            f"{lr:g}: {'diverged' if v is None else f'{v:.4f}'}" for lr, v in zip(s["lrs"], s["scores"])))

@@ -21,7 +21,7 @@ class LayerImportance(_TeacherTask):
 
     def requires(self):
         return {"teacher": self.teacher_task(),
-                "corpus": PrepareCorpus(teacher=self.teacher, corpus=self.corpus, outputs=self.outputs)}
+                "corpus": self.shared(PrepareCorpus)}
 
     def own_config(self):
         return {"sequences": self.sequences}
@@ -42,5 +42,4 @@ class LayerImportance(_TeacherTask):
 def layer_importance(task, train) -> LayerImportance:
     """The ``LayerImportance`` task that ``task`` (one with teacher, corpus, outputs and device
     parameters) reads for a block of train settings ``train`` (its ``importance_sequences``)."""
-    return LayerImportance(teacher=task.teacher, corpus=task.corpus, outputs=task.outputs, device=task.device,
-                           sequences=int(train["importance_sequences"]))
+    return task.shared(LayerImportance, device=task.device, sequences=int(train["importance_sequences"]))

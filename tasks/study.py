@@ -10,6 +10,7 @@ from zgcore.atomic import write_json, write_text
 from zgcore.evaluation.compare import SCORES, check_same_sequences, load_scores
 
 from .base import HIDDEN, ZGTask
+from .teacher import SharesUpstream
 from .evaluate import Evaluate
 
 
@@ -20,7 +21,7 @@ def student_scores(e: Evaluate) -> dict:
     return {**d["ce"], "subset_sha256": d["subset_sha256"], "documents": d.get("documents")}
 
 
-class _ManyEvaluations(ZGTask):
+class _ManyEvaluations(SharesUpstream, ZGTask):
     # 2: comparisons (paired bootstrap over held-out sequences, pooled over seeds) from Evaluate's per_sequence_ce.json
     # 3: the seed-sign rule: a verdict with several seeds needs every seed's difference on its side ("why")
     # 4: method comparisons over training runs (fewer than 3: not resolved; Holm-adjusted); a random teacher: descriptive
@@ -35,8 +36,8 @@ class _ManyEvaluations(ZGTask):
 
     def evaluate(self, blocks) -> Evaluate:
         """The Evaluate task of one set of per-block train settings."""
-        return Evaluate(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, blocks=blocks, eval=self.eval,
-                        name=self.name, outputs=self.outputs, device=self.device)
+        return self.shared(Evaluate, boundary=self.boundary, blocks=blocks, eval=self.eval, name=self.name,
+                           device=self.device)
 
     def own_config(self):
         return {}
@@ -81,8 +82,7 @@ class ObjectiveStudyReport(_ManyEvaluations):
         if any(b["targets"] == "cached" for a in self.arms for b in a["blocks"]):  # its manifest: the cache build's FLOPs
             from .cache import TeacherBoundary
 
-            req["cache"] = TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary,
-                                           outputs=self.outputs, device=self.device)
+            req["cache"] = self.shared(TeacherBoundary, boundary=self.boundary, device=self.device)
         return req
 
     def label(self):

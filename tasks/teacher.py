@@ -76,7 +76,26 @@ def teacher_tokenizer(task: PrepareTeacher):
     return AutoTokenizer.from_pretrained(rec["path"], **kw)
 
 
-class _TeacherTask(ZGTask):
+SHARED = ("teacher", "corpus", "outputs")  # the upstream parameters SharesUpstream.shared passes on
+
+
+class SharesUpstream:
+    """Mixin for a task with the experiment's ``teacher``, ``corpus`` and ``outputs`` parameters
+    (:data:`SHARED`): its upstream tasks get them passed once, by :meth:`shared`."""
+
+    def shared(self, cls, **kw):
+        """``cls(**kw)`` with this task's teacher, corpus and outputs (the parameters every task of an
+        experiment shares, passed once; of them those ``cls`` takes and ``kw`` does not name): what
+        gokart's ``clone`` does, for that family only, so no other parameter (``device``) passes unasked."""
+        names = set(cls.get_param_names(include_significant=True))
+        return cls(**{k: getattr(self, k) for k in SHARED if k in names and k not in kw and hasattr(self, k)}, **kw)
+
+    def shared_params(self, **kw) -> dict:
+        """This task's teacher, corpus and outputs, and ``kw``: keyword arguments for several upstream tasks."""
+        return {**{k: getattr(self, k) for k in SHARED}, **kw}
+
+
+class _TeacherTask(SharesUpstream, ZGTask):
     teacher = luigi.Parameter()
     # names the folder of the task's TensorBoard run (<outputs>/tensorboard/<study>/<family>/<run>), never
     # its output: a block shared by two experiments is one task, named after the first that asks for it

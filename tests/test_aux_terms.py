@@ -87,7 +87,8 @@ def test_train_block_adds_the_terms_on_the_right_tokens():
     t = {"objective": "clean", "loss_norm": "channel", "batch_size": 2, "max_steps": 2, "epochs": 1, "lr": 1e-3,
          "warmup_steps": 0, "weight_decay": 0.0, "grad_clip": 1.0, "ce_weight": 0.5, "mtp_weight": 0.25, "mtp_n": 3}
     with OnlineBoundaries(teacher, tokens, [1, 2], "float32", 4) as src:
-        m = ztrain.train_block(block, src, 1, 2, t, seed=7, work=None, run_hash="x", head=head, tokens=tokens)
+        run = ztrain.BlockTraining(t, seed=7, work=None, run_hash="x", head=head, tokens=tokens)
+        m = ztrain.train_block(block, src, 1, 2, run)
         idx = data_order(6, 7, 0)[:2]
         x, y = src.read("train", 1, idx), src.read("train", 2, idx)
         with torch.no_grad():
@@ -100,7 +101,8 @@ def test_train_block_adds_the_terms_on_the_right_tokens():
     # TrainLoop without a work folder keeps the log in memory only; the first row is step 1
     assert m["first_loss"] == pytest.approx(reg + 0.5 * ce + 0.25 * mtp, rel=1e-5)
     with pytest.raises(ValueError, match="ce_weight"):
-        ztrain.train_block(StudentBlock(teacher_cfg, [1]), src, 1, 2, t, seed=7, work=None, run_hash="x")
+        run = ztrain.BlockTraining(t, seed=7, work=None, run_hash="x")
+        ztrain.train_block(StudentBlock(teacher_cfg, [1]), src, 1, 2, run)
 
 
 def test_head_only_keeps_the_head_and_drops_the_layers():

@@ -10,7 +10,7 @@ from zgcore.config.experiment import ConfigError
 from zgcore.data.boundary_store import BoundaryReader, build_store
 from zgcore.models.adapters import build_block
 from zgcore.models.teacher import load, materialise
-from zgcore.training.blocks import effective_train, train_block
+from zgcore.training.blocks import BlockTraining, effective_train, train_block
 from workflows.experiment import load_config
 
 
@@ -37,7 +37,7 @@ def test_compiled_training_is_reproducible_resumes_to_the_same_bytes_and_is_hash
                 raise Stop
         with BoundaryReader(tmp_path / "store") as r:
             try:
-                train_block(block, r, 0, 1, {**t, **over}, 7, work, run_hash="h", callbacks=[stop])
+                train_block(block, r, 0, 1, BlockTraining({**t, **over}, 7, work, run_hash="h", callbacks=[stop]))
             except Stop:
                 return None
         return b"".join(v.numpy().tobytes() for _, v in sorted(block.layer_state_dict().items()))

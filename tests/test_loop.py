@@ -229,7 +229,7 @@ def test_training_syncs_with_the_host_once_per_read_back_not_per_step(tmp_path, 
     from zgcore.data.boundary_store import BoundaryReader, build_store
     from zgcore.models.adapters import build_block
     from zgcore.models.teacher import load, materialise
-    from zgcore.training.blocks import train_block
+    from zgcore.training.blocks import BlockTraining, train_block
 
     model, _ = load(materialise("tiny-llama", outputs=tmp_path))
     rng = np.random.default_rng(0)
@@ -266,7 +266,7 @@ def test_training_syncs_with_the_host_once_per_read_back_not_per_step(tmp_path, 
     monkeypatch.setattr(TrainLoop, "save", save)
     with BoundaryReader(tmp_path / "store") as r:
         calls.clear()
-        m = train_block(block, r, 0, 2, t, 3, tmp_path / "work", "h")
+        m = train_block(block, r, 0, 2, BlockTraining(t, 3, tmp_path / "work", "h"))
     assert m["steps"] == 40 and len((tmp_path / "work" / "loss_log.csv").read_text().splitlines()) == 41
     ours = [c for c in calls if not c.split(" from ")[1].startswith("transformers.")]
     assert 4 <= len(ours) <= 40 // 10 + 1, ours  # one per read-back (+1 checkpoint), not one per step

@@ -63,7 +63,7 @@ class _Reader:
 
 def test_a_new_unanchored_objective_gets_the_input_scale_and_its_own_hash_rule(tmp_path):
     from zgcore.training.objectives import Objective, noise_like, register
-    from zgcore.training.blocks import effective_train, train_block
+    from zgcore.training.blocks import BlockTraining, effective_train, train_block
     from zgcore.config.experiment import DEFAULTS
 
     @register
@@ -86,7 +86,8 @@ def test_a_new_unanchored_objective_gets_the_input_scale_and_its_own_hash_rule(t
         t = {**DEFAULTS["train"], "max_steps": 2, "batch_size": 4, "checkpoint_every": 1}
         for name, want in (("test_reconstruct", 0), ("test_identity", 2), ("denoise", 0), ("clean", 2)):
             reader = _Reader()
-            train_block(torch.nn.Linear(4, 4), reader, 0, 2, {**t, "objective": name}, 0, tmp_path / name, "h")
+            run = BlockTraining({**t, "objective": name}, 0, tmp_path / name, "h")
+            train_block(torch.nn.Linear(4, 4), reader, 0, 2, run)
             assert reader.asked[0] == want, name  # the loss scale: input boundary 0 if unanchored, else output 2
         # hash: a setting the objective does not read never enters it; one it reads does
         eff = lambda name, **o: effective_train({**t, "objective": name, **o})

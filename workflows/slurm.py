@@ -133,17 +133,9 @@ def launch(workflow: str = WorkflowArg,
         return
     _check_tools()
     set_, wf, exp = _resolve(workflow, config, set, preset, outputs, gpus_per_worker)
-    try:
-        nodes = partition_nodes(partition)
-        reason = local_folder_reason(Path(outputs))
-        if reason and {short_host(n) for n in nodes} != {short_host(socket.gethostname())}:
-            raise UsageError(f"--outputs {outputs} is not shared by the nodes of the partition: {reason}")
-        sched_host = scheduler_host or scheduler_address(nodes)
-    except UsageError as e:
-        fail(str(e))
-    folder = Path(outputs) / "slurm" / exp
+    sched_host = _scheduler_host(partition, outputs, scheduler_host)
+    folder, extra = Path(outputs) / "slurm" / exp, shlex.split(sbatch_args)
     options = experiment_options(config, set_, preset, outputs)
-    extra = shlex.split(sbatch_args)
     port = scheduler_port or free_port()
     script = worker_script(folder, workflow, options, workers=workers, gpus=gpus_per_worker, cpus=cpus_per_worker,
                            partition=partition, time_limit=time_limit, mem=mem, sched_host=sched_host,
@@ -151,7 +143,65 @@ def launch(workflow: str = WorkflowArg,
     test = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=120)
     if test.returncode != 0:
         fail(f"sbatch refused the job: {(test.stderr.strip().splitlines() or ['?'])[-1]}")
-    rec_path = folder / "launch.json"
+    rec = _idle_record(rec_path := folder / "launch.json", exp)
+    if _already_complete(wf, exp):
+        return
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    (script_path := folder / "worker.sbatch").write_text(script)
+    rec.update(experiment=exp, workflow=workflow, options=options, root=str(ROOT))
+    save_record(rec_path, rec)  # the job script and the pre-flight probe check that a node sees this file
+    launch_rec = _start_scheduler(folder, workers, gpus_per_worker, sched_host, port, script_path)
+    if preflight_check:
+        _preflight(folder, sched_host, port, partition, extra, probe_timeout, launch_rec["luigid"], outputs)
+    typer.echo(f"{exp}: preparing the teacher and corpus here (log: {folder / 'logs' / 'prepare.log'})")
+    _prepare(workflow, config, set_, preset, outputs, folder, on_failure=lambda: stop_luigid(launch_rec["luigid"]))
+    _submit(script_path, launch_rec, rec, rec_path)
+    typer.echo(f"submitted job array {launch_rec['array_job']} ({workers} worker jobs); "
+               f"luigid: http://{sched_host}:{port}  records: {folder}")
+    if detach:
+        typer.echo(f"follow it with: zerograph slurm status {_cmd_options(workflow, options)}")
+        return
+    raise typer.Exit(_wait(wf, rec, rec_path, folder, poll, workflow, options))
+
+
+def _scheduler_host(partition: str | None, outputs: str, scheduler_host: str | None) -> str:
+    """The host name the partition's nodes reach luigid at, once ``outputs`` is known to be shared
+    by them (else the one-line error, exit 2)."""
+    try:
+        nodes = partition_nodes(partition)
+        reason = local_folder_reason(Path(outputs))
+        if reason and {short_host(n) for n in nodes} != {short_host(socket.gethostname())}:
+            raise UsageError(f"--outputs {outputs} is not shared by the nodes of the partition: {reason}")
+        return scheduler_host or scheduler_address(nodes)
+    except UsageError as e:
+        fail(str(e))
+
+
+def _already_complete(wf, exp: str) -> bool:
+    """Whether every task of the workflow ``wf`` is complete (then its reports are printed)."""
+    if missing_tasks(wf):
+        return False
+    typer.echo(f"{exp}: already complete, nothing submitted")
+    for r in reports(wf):
+        typer.echo(f"report: {r}")
+    return True
+
+
+def _submit(script_path: Path, launch_rec: dict, rec: dict, rec_path: Path) -> None:
+    """Submit the job array of ``script_path`` and record it (its id in ``launch_rec["array_job"]``);
+    on a refusal luigid is stopped and the one-line error exits 2."""
+    r = slurm("sbatch", "--parsable", str(script_path), check=False)
+    if r.returncode != 0:
+        stop_luigid(launch_rec["luigid"])
+        fail(f"sbatch failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    launch_rec["array_job"] = r.stdout.strip().split(";")[0]
+    rec["launches"].append(launch_rec)
+    save_record(rec_path, rec)
+
+
+def _idle_record(rec_path: Path, exp: str) -> dict:
+    """The launch record at ``rec_path``, once no job of it is pending or running (else exit 2) and
+    its idle luigids are stopped."""
     rec = load_record(rec_path)
     try:
         running = active_jobs(rec)
@@ -161,18 +211,13 @@ def launch(workflow: str = WorkflowArg,
         fail(f"jobs {', '.join(running)} of {exp} are still pending or running: wait for them "
              f"(zerograph slurm status) or cancel them (zerograph slurm cancel), then rerun")
     stop_idle_luigids(rec)
-    if not missing_tasks(wf):
-        typer.echo(f"{exp}: already complete, nothing submitted")
-        for r in reports(wf):
-            typer.echo(f"report: {r}")
-        return
-    (folder / "logs").mkdir(parents=True, exist_ok=True)
-    script_path = folder / "worker.sbatch"
-    script_path.write_text(script)
+    return rec
 
-    rec.update(experiment=exp, workflow=workflow, options=options, root=str(ROOT))
-    save_record(rec_path, rec)  # the job script and the pre-flight probe check that a node sees this file
 
+def _start_scheduler(folder: Path, workers: int, gpus_per_worker: int, sched_host: str, port: int,
+                     script_path: Path) -> dict:
+    """Start luigid for this launch (its GPU resource limit written beside it); returns the launch's
+    record (time, workers, script, luigid's address, pid, state and config)."""
     cfg, gpu_limit = write_luigid_cfg(folder, workers * gpus_per_worker)
     if gpus_per_worker and gpu_limit < workers * gpus_per_worker:
         typer.echo(f"warning: {luigi_cfg_path()} sets [resources] gpu = {gpu_limit}: at most {gpu_limit} GPU tasks "
@@ -181,33 +226,23 @@ def launch(workflow: str = WorkflowArg,
         pid = start_luigid(folder, port, cfg)
     except UsageError as e:
         fail(str(e))
-    launch_rec = {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "workers": workers,
-                  "script": str(script_path),
-                  "luigid": {"host": sched_host, "port": port, "pid": pid, "started_on": socket.gethostname(),
-                             "state": str(folder / "luigid-state.pickle"), "config": str(cfg)}}
-    if preflight_check:
-        try:
-            node = preflight(folder, sched_host, port, partition, extra, timeout_s=probe_timeout)
-        except UsageError as e:
-            stop_luigid(launch_rec["luigid"])
-            fail(str(e))
-        typer.echo(f"pre-flight: {node} sees the repository, its Python and {outputs}, and reaches luigid at "
-                   f"{sched_host}:{port}")
-    typer.echo(f"{exp}: preparing the teacher and corpus here (log: {folder / 'logs' / 'prepare.log'})")
-    _prepare(workflow, config, set_, preset, outputs, folder, on_failure=lambda: stop_luigid(launch_rec["luigid"]))
-    r = slurm("sbatch", "--parsable", str(script_path), check=False)
-    if r.returncode != 0:
-        stop_luigid(launch_rec["luigid"])
-        fail(f"sbatch failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-    launch_rec["array_job"] = r.stdout.strip().split(";")[0]
-    rec["launches"].append(launch_rec)
-    save_record(rec_path, rec)
-    typer.echo(f"submitted job array {launch_rec['array_job']} ({workers} worker jobs); "
-               f"luigid: http://{sched_host}:{port}  records: {folder}")
-    if detach:
-        typer.echo(f"follow it with: zerograph slurm status {_cmd_options(workflow, options)}")
-        return
-    raise typer.Exit(_wait(wf, rec, rec_path, folder, poll, workflow, options))
+    return {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "workers": workers,
+            "script": str(script_path),
+            "luigid": {"host": sched_host, "port": port, "pid": pid, "started_on": socket.gethostname(),
+                       "state": str(folder / "luigid-state.pickle"), "config": str(cfg)}}
+
+
+def _preflight(folder: Path, sched_host: str, port: int, partition: str | None, extra: list[str], timeout_s: float,
+               luigid: dict, outputs: str) -> None:
+    """The pre-flight probe job: a node sees the repository, its Python and ``outputs`` and reaches
+    luigid (else luigid is stopped and the one-line error exits 2)."""
+    try:
+        node = preflight(folder, sched_host, port, partition, extra, timeout_s=timeout_s)
+    except UsageError as e:
+        stop_luigid(luigid)
+        fail(str(e))
+    typer.echo(f"pre-flight: {node} sees the repository, its Python and {outputs}, and reaches luigid at "
+               f"{sched_host}:{port}")
 
 
 def _cmd_options(workflow: str, options: list[str]) -> str:

@@ -237,25 +237,19 @@ def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
     float16, as :meth:`~zgcore.data.boundary_store.BoundaryReader.read` returns them: the consumer
     widens with ``.float()`` after copying them to its device); ``y`` is ``None`` when ``b_out``
     is (a store read for one array, as the top-k logit store's records). Step ``s`` is batch
-    ``s % per_epoch`` of epoch ``s // per_epoch`` in :func:`zgcore.training.loop.data_order`.
+    ``s % per_epoch`` of epoch ``s // per_epoch`` (:func:`zgcore.data.order.batch_walk`).
 
     ``reader``: a :class:`~zgcore.data.boundary_store.BoundaryReader`, or the store's folder (opened
     here, and closed at the end: what a worker does; with ``pin_memory`` the batches are read
     straight into page-locked memory). Raises as the reader's ``read``.
     """
     from zgcore.data.boundary_store import BoundaryReader
-    from zgcore.data.order import data_order
+    from zgcore.data.order import batch_walk
 
     own = not isinstance(reader, BoundaryReader)
     r = BoundaryReader(reader, pin_memory=pin_memory) if own else reader
-    per_epoch = (n + batch_size - 1) // batch_size
-    epoch, order = -1, None
     try:
-        for step in range(start + worker, steps, workers):
-            e, k = divmod(step, per_epoch)
-            if e != epoch:
-                epoch, order = e, data_order(n, seed, e)
-            idx = order[k * batch_size: (k + 1) * batch_size]
+        for step, idx in batch_walk(n, seed, batch_size, start + worker, steps, workers):
             yield step, idx, r.read("train", b_in, idx), (r.read("train", b_out, idx) if b_out is not None else None)
     finally:
         if own:

@@ -9,6 +9,7 @@ count, the effective train settings (what a block's hash covers) and the weight 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -21,7 +22,7 @@ from zgcore.data.boundary_store import BoundaryReader
 from zgcore.device import autocast, to_device
 from zgcore.models.mixers import WINDOWED
 from zgcore.data.feed import block_batches
-from zgcore.data.order import data_order
+from zgcore.data.order import batch_walk
 from zgcore.training.loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, load_checkpoint, lr_at  # noqa: F401 (re-exported)
 from zgcore.training.loop import StepInfo, loss_metrics, state_digest  # noqa: F401 (state_digest re-exported)
 from zgcore.training.objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, objective_settings, regression_loss
@@ -100,13 +101,41 @@ def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: int, t: Mapping[str, Any],
-                seed: int, work: Path, run_hash: str,
-                progress: Callable[[int, int, float], None] | None = None, name: str | None = None,
-                head: Callable[[torch.Tensor], torch.Tensor] | None = None, tokens: np.ndarray | None = None,
-                callbacks: Sequence[Callable[[StepInfo], None]] = (),
-                transfer: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any]:
-    """Train ``block`` to map boundary ``b_in`` to boundary ``b_out`` under objective ``t["objective"]``.
+@dataclass(frozen=True)
+class BlockTraining:
+    """What one block's training run takes besides the block and its data (:func:`train_block`).
+
+    Attributes:
+        t: the block's resolved train settings.
+        seed: the block's own seed (see :func:`block_seed`).
+        work: folder for checkpoints and logs (kept across interruptions); ``None`` = nothing on disk.
+        run_hash: the task's hash; a checkpoint written under another hash is never resumed from.
+        name: used in messages (default ``"block <b_in>-><b_out>"``).
+        progress: called as ``progress(step, total_steps, loss)``.
+        head: the teacher's frozen final norm and LM head, residual stream ``[B, T, H]`` float32 to
+            logits ``[B, T, V]`` (e.g. ``lambda h: head_logits(teacher, h)``); needed by the auxiliary terms.
+        tokens: the train split's token ids ``[n_train, T]`` int64, in the store's sequence order
+            (``tokens[i]`` produced boundary sequence ``i``); needed by the auxiliary terms.
+        callbacks: :class:`~zgcore.training.loop.TrainLoop` callbacks
+            (e.g. :class:`zgcore.training.watch.TensorBoardWatch`).
+        transfer: objective ``attention_transfer``: the block's input ``[B, T, H]`` -> its attention-transfer
+            loss (:func:`zgcore.training.transfer.transfer_loss`), the loss of the first ``t["transfer_steps"]`` steps.
+    """
+    t: Mapping[str, Any]
+    seed: int
+    work: Path | None
+    run_hash: str
+    name: str | None = None
+    progress: Callable[[int, int, float], None] | None = None
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None
+    tokens: np.ndarray | None = None
+    callbacks: Sequence[Callable[[StepInfo], None]] = ()
+    transfer: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: int,
+                run: BlockTraining) -> dict[str, Any]:
+    """Train ``block`` to map boundary ``b_in`` to boundary ``b_out`` under objective ``run.t["objective"]``.
 
     The loss is :func:`~zgcore.training.objectives.regression_loss` with ``t["loss_norm"]``; its channel
     scale comes from the boundary the objective names (:meth:`~zgcore.training.objectives.Objective.scale_boundary`).
@@ -124,25 +153,13 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     computed synchronously.
 
     With ``t["compile"]`` the block's forward and backward run through ``torch.compile``
-    (TorchInductor; a C compiler is needed, and the first step pays the compile: ~45 s cold, ~7 s
-    from the process-shared cache on the default experiment's blocks). Compiled training is bitwise
-    the same from run to run and on resume, but not bitwise the eager weights: the setting is hashed.
+    (TorchInductor; a C compiler is needed, and the first step pays the compile). Compiled training
+    is bitwise the same from run to run and on resume, but not bitwise the eager weights: the setting is hashed.
 
     Args:
         block: a :class:`~zgcore.models.adapters.StudentBlock` (float32), modified in place.
         reader: the boundary store (or :class:`~zgcore.data.boundary_store.OnlineBoundaries`).
-        t: the block's resolved train settings.
-        seed: the block's own seed (see :func:`block_seed`). work: folder for checkpoints and logs
-            (kept across interruptions). run_hash: the task's hash; a checkpoint written under
-            another hash is never resumed from.
-        progress: called as ``progress(step, total_steps, loss)``. name: used in messages.
-        head: the teacher's frozen final norm and LM head, residual stream ``[B, T, H]`` float32 to
-            logits ``[B, T, V]`` (e.g. ``lambda h: head_logits(teacher, h)``); needed by the auxiliary terms.
-        tokens: the train split's token ids ``[n_train, T]`` int64, in the store's sequence order
-            (``tokens[i]`` produced boundary sequence ``i``); needed by the auxiliary terms.
-        callbacks: :class:`~zgcore.training.loop.TrainLoop` callbacks (e.g. :class:`zgcore.training.watch.TensorBoardWatch`).
-        transfer: objective ``attention_transfer``: the block's input ``[B, T, H]`` -> its attention-transfer
-            loss (:func:`zgcore.training.transfer.transfer_loss`), the loss of the first ``t["transfer_steps"]`` steps.
+        run: the settings, seed, work folder and hooks of the run (:class:`BlockTraining`).
 
     Returns:
         Metrics: ``steps``, ``first_loss``, ``final_loss`` (mean of the last 10% of steps),
@@ -156,62 +173,43 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
         ValueError: auxiliary terms without ``head`` and ``tokens``, or ``tokens`` of another length than the store;
             ``attention_transfer`` without ``transfer``.
     """
+    t, seed, n = run.t, run.seed, reader.n("train")
     active = aux_active(t)
     transfer_steps = int(t.get("transfer_steps") or 0) if t["objective"] == "attention_transfer" else 0
-    if transfer_steps and transfer is None:
+    if transfer_steps and run.transfer is None:
         raise ValueError("objective attention_transfer needs the teacher partition's attention (transfer=...)")
-    if active and (head is None or tokens is None or len(tokens) != reader.n("train")):
-        raise ValueError(f"train.ce_weight / train.mtp_weight need the teacher's head and the {reader.n('train')} train "
-                         f"token sequences, got head={head is not None}, tokens={None if tokens is None else len(tokens)}")
+    if active and (run.head is None or run.tokens is None or len(run.tokens) != n):
+        raise ValueError(f"train.ce_weight / train.mtp_weight need the teacher's head and the {n} train token "
+                         f"sequences, got head={run.head is not None}, "
+                         f"tokens={None if run.tokens is None else len(run.tokens)}")
     device = next(block.parameters()).device
-    n = reader.n("train")
-    bs = int(t["batch_size"])
-    per_epoch = (n + bs - 1) // bs
     objective = OBJECTIVES[t["objective"]]
-    target_scale = reader.stats(objective.scale_boundary(b_in, b_out))
-    in_scale = reader.stats(b_in)
+    target_scale, in_scale = reader.stats(objective.scale_boundary(b_in, b_out)), reader.stats(b_in)
     params = [p for p in block.parameters() if p.requires_grad]
-    loop = TrainLoop(name or f"block {b_in}->{b_out}", [params], t, total_steps(n, t), work, run_hash,
-                     {"block": block}, ["loss", "regression", *active] if active else ["loss"], callbacks=callbacks)
-    cached = isinstance(reader, BoundaryReader)
-    ahead = int(t.get("prefetch") or 0) if cached else 0
-
-    def reads(step: int) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
-        """``(step, idx, x, y)`` from ``step`` on, on the CPU (:func:`zgcore.data.feed.store_batches`)."""
-        if cached:
-            yield from block_batches(reader, b_in, b_out, n, seed, bs, step, loop.steps, ahead, device.type == "cuda",
-                                     t.get("prefetch_workers") or "auto", str(t.get("prefetch_mode") or "auto"))
-            return
-        while True:  # online targets: the teacher runs here, synchronously
-            epoch, k = divmod(step, per_epoch)
-            order = data_order(n, seed, epoch)
-            for kb, x, y in reader.batches("train", b_in, b_out, order, bs, start=k):
-                yield step, order[kb * bs: (kb + 1) * bs], x, y
-                step += 1
+    loop = TrainLoop(run.name or f"block {b_in}->{b_out}", [params], t, total_steps(n, t), run.work, run.run_hash,
+                     {"block": block}, ["loss", "regression", *active] if active else ["loss"], callbacks=run.callbacks)
 
     def pairs(step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-        for s, idx, x, y in reads(step):
+        for s, idx, x, y in _reads(reader, b_in, b_out, n, t, seed, step, loop.steps, device):
             gen = torch.Generator().manual_seed(seed * 1_000_003 + s)
             # the store's dtype over the copy, widened on the device (exact; a no-op for float32)
             inp, target = objective.make_pair(to_device(x, device).float(), to_device(y, device).float(),
                                               ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
-            ids = torch.as_tensor(tokens[np.asarray(idx)]) if active else None
-            if ids is not None:  # page-locked on CUDA: the copy does not wait for the previous step
-                ids = to_device(ids, device)
-            yield inp, target, ids
+            # page-locked on CUDA: the copy does not wait for the previous step
+            yield inp, target, to_device(torch.as_tensor(run.tokens[np.asarray(idx)]), device) if active else None
 
     def step_fn(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], step: int) -> list[torch.Tensor]:
         inp, target, ids = batch
         if step < transfer_steps:  # attention transfer first (its loss only), then clean regression
             with autocast(device):
-                loss = transfer(inp)
+                loss = run.transfer(inp)
             return loop.step_on(step, loss, [loss.detach()] + [torch.zeros_like(loss)] * len(active) if active else [])
         with autocast(device):
             pred = forward(inp)
         loss = regression_loss(pred.float(), target, t["loss_norm"], target_scale)
         values = []
         if active:
-            terms = aux_losses(head(pred.float()), ids, active, int(t.get("mtp_n") or 1))
+            terms = aux_losses(run.head(pred.float()), ids, active, int(t.get("mtp_n") or 1))
             # kept on the device, read back every log_every steps (TrainLoop.run): no host sync per step
             values = [loss.detach()] + [loop.check(step, f"the {k} term", v.detach()) for k, v in terms.items()]
             loss = loss + sum(active[k] * v for k, v in terms.items())
@@ -221,8 +219,25 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     # train.compile: the block's forward (and, through AOTAutograd, its backward) compiled by TorchInductor;
     # the weights stay the block's own, so checkpoints, resume and saving are unchanged
     forward = torch.compile(block) if t.get("compile") else block
+    progress = run.progress
     m = loop.run(pairs, step_fn, progress=(lambda s, n_, v: progress(s, n_, v[0])) if progress else None)
     return loss_metrics(m, loop.columns)  # final_<aux term>: unweighted
+
+
+def _reads(reader, b_in: int, b_out: int, n: int, t: Mapping[str, Any], seed: int, step: int, steps: int,
+           device: torch.device) -> Iterator[tuple[int, np.ndarray, torch.Tensor, torch.Tensor]]:
+    """``(step, idx, x, y)`` of a block's training steps from ``step`` on, on the CPU: from the boundary
+    store through the input pipeline (:func:`zgcore.data.feed.block_batches`), or with online targets
+    from the teacher, here, synchronously (the same walk, :func:`zgcore.data.order.batch_walk`)."""
+    bs = int(t["batch_size"])
+    if isinstance(reader, BoundaryReader):
+        yield from block_batches(reader, b_in, b_out, n, seed, bs, step, steps, int(t.get("prefetch") or 0),
+                                 device.type == "cuda", t.get("prefetch_workers") or "auto",
+                                 str(t.get("prefetch_mode") or "auto"))
+        return
+    for s, idx in batch_walk(n, seed, bs, step, steps):
+        for _, x, y in reader.batches("train", b_in, b_out, idx, len(idx)):
+            yield s, idx, x, y
 
 
 def val_loss(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: int, t: Mapping[str, Any],
@@ -281,7 +296,8 @@ def _smoke(folder: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
     t = smoke_settings({"objective": "noisy", "noise": 0.1, "loss_norm": "channel", "lr": 1e-3, "weight_decay": 0.0,
                         "grad_clip": 1.0, "warmup_steps": 2, "epochs": 1, "batch_size": 4, "prefetch": 0}, settings)
     with BoundaryReader(folder / "store") as r:
-        return train_block(build_block(model, [0, 1], "teacher", 3), r, 0, 2, t, 3, folder / "work", "smoke")
+        return train_block(build_block(model, [0, 1], "teacher", 3), r, 0, 2,
+                           BlockTraining(t, 3, folder / "work", "smoke"))
 
 
 def _register() -> None:

@@ -14,6 +14,7 @@ the blockwise arm, where blocks own only layers).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -23,7 +24,7 @@ import torch
 from zgcore.device import autocast, to_device
 from zgcore.data.feed import block_batches
 from zgcore.data.logit_store import LOGITS, online_targets, open_store, unpack
-from zgcore.data.order import data_order
+from zgcore.data.order import batch_walk
 from zgcore.models.shapes import check_one_width
 from zgcore.training.loop import StepInfo, TrainLoop, loss_metrics
 from zgcore.training.objectives import regression_loss
@@ -145,10 +146,41 @@ def _open_store(store: str | Path, k: int, temperature: float, n: int):
     return r
 
 
-def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: np.ndarray, h: Mapping[str, Any],
-            steps: int, seed: int, work: Path | None, run_hash: str, pairs: Sequence[tuple[int, int]] = (),
-            name: str = "distill", section: str = "heal", progress: Callable[[int, int, Sequence[float]], None] | None = None,
-            callbacks: Sequence[Callable[[StepInfo], None]] = (), store: str | Path | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DistillRun:
+    """What one end-to-end distillation run takes besides the models and the tokens (:func:`distill`).
+
+    Attributes:
+        h: settings as :data:`zgcore.config.defaults.HEAL_DEFAULTS` (``lr``, ``batch_size``, ``temperature``,
+            ``top_k``, ``hidden_weight``, ``warmup_steps``, ``weight_decay``, ``grad_clip``, ``checkpoint_every``).
+        steps: optimizer steps. seed: the data order's (:func:`zgcore.data.order.batch_walk`).
+        work: checkpoint folder (kept across interruptions); ``None`` = nothing on disk.
+        run_hash: the task's hash; a checkpoint written under another hash is never resumed from.
+        pairs: ``(student_layer, teacher_layer)`` interior boundaries of the hidden-state term
+            (the input of those layers); used when ``hidden_weight`` > 0.
+        name: used in messages. section: the configuration section of ``h`` (``"heal"`` or ``"distill"``),
+            named in errors.
+        progress: ``progress(step, steps, values)``.
+        callbacks: :class:`~zgcore.training.loop.TrainLoop` callbacks
+            (e.g. :class:`zgcore.training.watch.TensorBoardWatch`).
+        store: the top-k logit store's join folder (needs ``top_k`` > 0 and ``hidden_weight`` = 0;
+            its manifest must say ``top_k`` and ``temperature`` and hold the corpus's training sequences).
+    """
+    h: Mapping[str, Any]
+    steps: int
+    seed: int
+    work: Path | None
+    run_hash: str
+    pairs: Sequence[tuple[int, int]] = ()
+    name: str = "distill"
+    section: str = "heal"
+    progress: Callable[[int, int, Sequence[float]], None] | None = None
+    callbacks: Sequence[Callable[[StepInfo], None]] = ()
+    store: str | Path | None = None
+
+
+def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: np.ndarray,
+            run: DistillRun) -> dict[str, Any]:
     """Train ``student``'s decoder layers end to end on the teacher's logits (and hidden states).
 
     With ``h["top_k"]`` = 0 the loss is the full-vocabulary :func:`kd_loss`; with ``top_k`` > 0 it
@@ -161,17 +193,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: n
         student: an HF causal LM of the teacher's family (float32), modified in place.
         teacher: the frozen teacher (same vocabulary); ``None`` with a ``store`` (cached targets).
         tokens: training sequences ``[n, seq_len]`` int64.
-        h: settings as :data:`zgcore.config.defaults.HEAL_DEFAULTS` (``lr``, ``batch_size``, ``temperature``,
-            ``top_k``, ``hidden_weight``, ``warmup_steps``, ``weight_decay``, ``grad_clip``, ``checkpoint_every``).
-        store: the top-k logit store's join folder (needs ``top_k`` > 0 and ``hidden_weight`` = 0;
-            its manifest must say ``top_k`` and ``temperature`` and hold ``n`` training sequences).
-        steps: optimizer steps. seed: data order (``data_order(n, seed, epoch)``).
-        work: checkpoint folder (kept across interruptions); ``None`` = nothing on disk.
-        pairs: ``(student_layer, teacher_layer)`` interior boundaries of the hidden-state term
-            (the input of those layers); used when ``hidden_weight`` > 0.
-        section: the configuration section of ``h`` (``"heal"`` or ``"distill"``), named in errors.
-        progress: ``progress(step, steps, values)``.
-        callbacks: :class:`~zgcore.training.loop.TrainLoop` callbacks (e.g. :class:`zgcore.training.watch.TensorBoardWatch`).
+        run: the settings, step count, seed, work folder and hooks of the run (:class:`DistillRun`).
 
     Returns:
         :meth:`TrainLoop.run`'s metrics with ``first_loss``/``final_loss`` and, per column,
@@ -183,41 +205,29 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: n
             (moved aside, named).
         ValueError: ``store`` without ``top_k`` > 0, with the hidden-state term, or without a teacher and store.
     """
+    h, steps, seed, section, store = run.h, int(run.steps), run.seed, run.section, run.store
     device = next(student.parameters()).device
     bs, n, T = int(h["batch_size"]), len(tokens), float(h["temperature"])
     w_hidden = float(h.get("hidden_weight") or 0.0)
-    pairs = list(pairs) if w_hidden > 0 else []
+    pairs = list(run.pairs) if w_hidden > 0 else []
     k = int(h.get("top_k") or 0)
     if store is not None and (not k or pairs):
         raise ValueError(f"cached targets need {section}.top_k > 0 and {section}.hidden_weight = 0")
     if store is None and teacher is None:
         raise ValueError("distill needs the teacher (online targets) or a top-k logit store (cached targets)")
-    from zgcore.models.adapters import adapter_for
-
-    layers = adapter_for(student).decoder_layers(student)
-    for p in student.parameters():
-        p.requires_grad_(False)
-    params = [p for p in layers.parameters()]
-    for p in params:
-        p.requires_grad_(True)
     columns = ["loss", "kd", "hidden"] if pairs else ["loss", "kd"]
-    loop = TrainLoop(name, [params], h, steps, work, run_hash, {"student": student}, columns, section=section,
-                     callbacks=callbacks)
-    per_epoch = (n + bs - 1) // bs
+    loop = TrainLoop(run.name, [_layers_only(student)], h, steps, run.work, run.run_hash, {"student": student}, columns,
+                     section=section, callbacks=run.callbacks)
     reader = _open_store(store, k, T, n) if store is not None else None
 
-    def batches(step: int) -> Iterator[torch.Tensor]:
+    def batches(step: int) -> Iterator[Any]:
         if reader is not None:  # (step, idx, records, None), read ahead by a worker thread
             # on CUDA the worker reads the records straight into page-locked memory (no pageable copy)
             yield from block_batches(reader, LOGITS, None, n, seed, bs, step, steps, STORE_AHEAD,
                                      pin_memory=device.type == "cuda")
             return
-        while True:
-            epoch, k = divmod(step, per_epoch)
-            order = data_order(n, seed, epoch)
-            for kb in range(k, per_epoch):
-                yield to_device(torch.as_tensor(tokens[order[kb * bs: (kb + 1) * bs]], dtype=torch.long), device)
-                step += 1
+        for _, idx in batch_walk(n, seed, bs, step, steps):
+            yield to_device(torch.as_tensor(tokens[idx], dtype=torch.long), device)
 
     def step_fn(batch, step: int) -> list[torch.Tensor]:
         if reader is not None:
@@ -225,24 +235,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: n
             ids = to_device(torch.as_tensor(tokens[idx], dtype=torch.long), device)
         else:
             ids, rec = batch, None
-        t_hidden = {}
-        if k:
-            if rec is None:  # online: the teacher's records, as the store would hold them
-                with autocast(device):
-                    rec = online_targets(teacher, ids, k, T)
-            if pairs:
-                with torch.no_grad(), autocast(device):
-                    _, t_hidden = _residuals(teacher, ids, [t for _, t in pairs])
-            t_ids, t_logp, t_rest = unpack(to_device(rec, device), k)
-            with autocast(device):
-                hidden, s_hidden = _final_hidden(student, ids, [s for s, _ in pairs])
-                kd = topk_kd_loss(hidden, head, t_ids, t_logp, t_rest, T)
-        else:
-            with torch.no_grad(), autocast(device):
-                t_logits, t_hidden = _residuals(teacher, ids, [t for _, t in pairs])
-            with autocast(device):
-                s_logits, s_hidden = _residuals(student, ids, [s for s, _ in pairs])
-            kd = kd_loss(s_logits, t_logits, T)
+        kd, s_hidden, t_hidden = _kd_term(student, teacher, ids, rec, k, T, pairs, device)
         # kept on the device, read back every log_every steps (TrainLoop.run): no host sync per step
         values = [loop.check(step, "the KD term", kd.detach())]
         loss = kd
@@ -252,14 +245,9 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: n
             loss = kd + w_hidden * hid
         return loop.step_on(step, loss, values)
 
-    ad = adapter_for(student)
-
-    def head(hid: torch.Tensor) -> torch.Tensor:
-        return ad.finish_logits(student.config, student.get_output_embeddings()(hid))
-
     student.train()
     try:
-        m = loop.run(batches, step_fn, progress=progress)
+        m = loop.run(batches, step_fn, progress=run.progress)
     finally:
         if reader is not None:
             reader.close()
@@ -267,6 +255,50 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module | None, tokens: n
     return {**loss_metrics(m, columns), "tokens_seen": steps * bs * int(tokens.shape[1])}
 
 
+def _layers_only(student: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Freeze ``student`` but its decoder layers (embedding, final norm and LM head stay the
+    teacher's); returns the decoder layers' parameters, the ones that train."""
+    from zgcore.models.adapters import adapter_for
+
+    layers = adapter_for(student).decoder_layers(student)
+    for p in student.parameters():
+        p.requires_grad_(False)
+    params = [p for p in layers.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def _kd_term(student, teacher, ids: torch.Tensor, rec: torch.Tensor | None, k: int, T: float,
+             pairs: Sequence[tuple[int, int]], device: torch.device):
+    """One batch's KD term (a 0-dim float32 tensor) and the student's and the teacher's residual
+    streams at ``pairs``: on the full vocabulary (``k`` = 0) or on the teacher's top-``k`` records
+    ``rec`` (read from the store, or computed here from the teacher when ``None``)."""
+    from zgcore.models.adapters import adapter_for
+
+    t_hidden = {}
+    if not k:
+        with torch.no_grad(), autocast(device):
+            t_logits, t_hidden = _residuals(teacher, ids, [t for _, t in pairs])
+        with autocast(device):
+            s_logits, s_hidden = _residuals(student, ids, [s for s, _ in pairs])
+        return kd_loss(s_logits, t_logits, T), s_hidden, t_hidden
+    if rec is None:  # online: the teacher's records, as the store would hold them
+        with autocast(device):
+            rec = online_targets(teacher, ids, k, T)
+    if pairs:
+        with torch.no_grad(), autocast(device):
+            _, t_hidden = _residuals(teacher, ids, [t for _, t in pairs])
+    t_ids, t_logp, t_rest = unpack(to_device(rec, device), k)
+    ad = adapter_for(student)
+
+    def head(hid: torch.Tensor) -> torch.Tensor:
+        return ad.finish_logits(student.config, student.get_output_embeddings()(hid))
+
+    with autocast(device):
+        hidden, s_hidden = _final_hidden(student, ids, [s for s, _ in pairs])
+        kd = topk_kd_loss(hidden, head, t_ids, t_logp, t_rest, T)
+    return kd, s_hidden, t_hidden
 
 
 def _smoke(folder: Path, settings: Mapping[str, Any], top_k: int = 0, cached: bool = False, hidden: float = 0.0,
@@ -294,8 +326,9 @@ def _smoke(folder: Path, settings: Mapping[str, Any], top_k: int = 0, cached: bo
             write_logit_shard(folder / split, teacher, tokens[split], split, 0, top_k, 1.0, 4, extra)
         join_shards(store, [folder / "train", folder / "val"], {s: len(v) for s, v in tokens.items()}, extra)
     pairs = [(1, 1)] if hidden else []
-    return distill(student, None if cached else teacher, tokens["train"], h, int(h["max_steps"]), 0, folder / "work",
-                   "smoke", pairs=pairs, section=section, store=store)
+    return distill(student, None if cached else teacher, tokens["train"],
+                   DistillRun(h, int(h["max_steps"]), 0, folder / "work", "smoke", pairs=pairs, section=section,
+                              store=store))
 
 
 def _register() -> None:

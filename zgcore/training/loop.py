@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -185,39 +185,30 @@ class TrainLoop:
         self.update(0, step)
         return [loss.detach(), *values]
 
-    def _read_back(self, pending: list, bar, progress) -> None:
+    def _read_back(self, pending: list["_Pending"], bar, progress) -> None:
         """Copy every value, check and gradient norm of the ``pending`` steps to the host in one
         transfer (one host-device sync), raise :class:`NonFiniteError` at the first non-finite
         check (in step order, as an immediate check would have), then log the steps and hand
         them to ``progress`` and the callbacks, in order."""
         if not pending:
             return
-        flat = [x for p in pending for x in (*[v for _, _, v in p["checks"]], *p["values"], *p["norms"])]
-        where = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
-        if where:
-            dev = flat[where[0]].device
-            got = torch.stack([flat[i].detach().reshape(()).to(dev, torch.float64) for i in where]).tolist()
-            for i, v in zip(where, got):
-                flat[i] = v
-        flat = [float(x) for x in flat]
-        pos = 0
-        for p in pending:
-            n_c, n_v, n_n = len(p["checks"]), len(p["values"]), len(p["norms"])
-            for (step, what, _), v in zip(p["checks"], flat[pos: pos + n_c]):
+        got = iter(_to_host([x for p in pending for x in (*[v for _, _, v in p.checks], *p.values, *p.norms)]))
+        # the same fields in the same order, now floats (keyword arguments are evaluated left to right)
+        done = [replace(p, checks=[(s, w, next(got)) for s, w, _ in p.checks], values=[next(got) for _ in p.values],
+                        norms=[next(got) for _ in p.norms]) for p in pending]
+        for p in done:
+            for step, what, v in p.checks:
                 if not math.isfinite(v):
                     pending.clear()
                     raise self._non_finite(step, what, v)
-            values, norms = flat[pos + n_c: pos + n_c + n_v], flat[pos + n_c + n_v: pos + n_c + n_v + n_n]
-            pos += n_c + n_v + n_n
-            step, lr = p["step"], p["lr"]
-            self.log.append([step + 1, *values, lr])
+            self.log.append([p.step + 1, *p.values, p.lr])
             bar.update(1)
-            bar.set_postfix(loss=f"{values[0]:.4f}")
+            bar.set_postfix(loss=f"{p.values[0]:.4f}")
             if progress:
-                progress(step + 1, self.steps, values)
+                progress(p.step + 1, self.steps, p.values)
             if self.callbacks:
-                info = StepInfo(step + 1, self.steps, dict(zip(self.columns, values)), lr, norms, p["tokens"],
-                                p["seconds"], p["data_seconds"])
+                info = StepInfo(p.step + 1, self.steps, dict(zip(self.columns, p.values)), p.lr, p.norms, p.tokens,
+                                p.seconds, p.data_seconds)
                 for cb in self.callbacks:
                     cb(info)
         pending.clear()
@@ -258,7 +249,7 @@ class TrainLoop:
         data_s = compute_s = 0.0
         it: Iterator[Any] = iter(batches(start))
         bar = progress_bar(self.steps, self.name, "step", initial=start)
-        pending: list[dict[str, Any]] = []
+        pending: list[_Pending] = []
         try:
             for step in range(start, self.steps):
                 t1 = time.perf_counter()
@@ -273,9 +264,8 @@ class TrainLoop:
                 values = list(step_fn(batch, step))
                 compute_s += time.perf_counter() - t2
                 data_s += t2 - t1
-                pending.append({"step": step, "lr": lr, "values": values, "checks": self._checks,
-                                "norms": [self._norms[j] for j in sorted(self._norms)], "tokens": batch_tokens(batch),
-                                "seconds": time.perf_counter() - t1, "data_seconds": t2 - t1})
+                pending.append(_Pending(step, lr, values, self._checks, [self._norms[j] for j in sorted(self._norms)],
+                                        batch_tokens(batch), time.perf_counter() - t1, t2 - t1))
                 ckpt = self.work and self.every and (step + 1) % self.every == 0 and step + 1 < self.steps
                 if ckpt or (step + 1) % self.log_every == 0 or step + 1 == self.steps:
                     self._read_back(pending, bar, progress)
@@ -362,3 +352,27 @@ def loss_metrics(m: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
     return {**m, "first_loss": first[0] if first else None, "final_loss": final[0] if final else None, **extra}
 
 
+@dataclass
+class _Pending:
+    """One step's record until its read-back (:meth:`TrainLoop._read_back`): its values, checks
+    (``(step, what, value)``) and gradient norms, 0-dim device tensors or floats."""
+    step: int
+    lr: float
+    values: list
+    checks: list
+    norms: list
+    tokens: int
+    seconds: float
+    data_seconds: float
+
+
+def _to_host(xs: list) -> list[float]:
+    """``xs`` (0-dim tensors of one device, or numbers) as floats, the tensors copied in one transfer."""
+    where = [i for i, x in enumerate(xs) if isinstance(x, torch.Tensor)]
+    if where:
+        dev = xs[where[0]].device
+        got = torch.stack([xs[i].detach().reshape(()).to(dev, torch.float64) for i in where]).tolist()
+        xs = list(xs)
+        for i, v in zip(where, got):
+            xs[i] = v
+    return [float(x) for x in xs]
