@@ -16,7 +16,7 @@ from zgcore.hashing import canonical
 from zgcore.models import students
 from zgcore.models.adapters import build_block
 from zgcore.training import blocks as ztrain
-from zgcore.training.partition import PartitionJob, mixer_of, train_partition  # noqa: F401 (mixer_of re-exported)
+from zgcore.training.partition import PartitionJob, mixer_of, train_partition
 
 from . import search
 from .base import HIDDEN
@@ -90,7 +90,7 @@ class TrainBlock(Resumable, _TeacherTask):
                            cache=req["cache"].out_dir if "cache" in req else None,
                            tokens=req["corpus"].out_dir / "tokens.h5" if "corpus" in req else None,
                            importance=req["importance"].out_dir / "importance.json" if "importance" in req else None,
-                           progress=lambda s, n, l: self.progress(s, n, f"step {s}/{n} loss {l:.4f}"),
+                           progress=lambda s, n, loss: self.progress(s, n, f"step {s}/{n} loss {loss:.4f}"),
                            watchers=lambda per_token: self.watchers(self.train.get("tensorboard", True), per_token))
         trained = train_partition(job)
         with self.building() as tmp:

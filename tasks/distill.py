@@ -11,9 +11,6 @@ import luigi
 from zgcore.data import corpus
 from zgcore.training import distill as zdistill
 from zgcore.atomic import write_json, write_text
-from zgcore.evaluation.compare import descriptive as describe_only
-from zgcore.evaluation.flops import add_flops
-from zgcore.evaluation.report import plumbing_check
 from zgcore.evaluation.compare import SCORES, check_same_sequences, load_scores, save_scores, scores_part
 from zgcore.config.distill import distill_hashed
 from zgcore.training.loop import FINAL_STATE, LOSS_LOG
@@ -326,71 +323,23 @@ class DistillStudyReport(_StudentTask):
     def label(self):
         return "distill-study"
 
-    def _e2e_arm(self, name, ev_task, model_task, ce_u, ce_t, t_cu, g, seq):
-        from zgcore.evaluation import distill_report
-
-        b = json.loads((ev_task.out_dir / "eval.json").read_text())
-        m = read_metrics(model_task)
-        return distill_report.arm(name, b["ce"], ce_u, ce_t,
-                                  {"teacher": t_cu, "student": b["context_use"]} if t_cu and b["context_use"] else None,
-                                  *g, [[{"task": "DistillE2E", "seconds": m["seconds"], "peak_rss_mib": m["peak_rss_mib"]}]],
-                                  m["steps"] * int(self.distill["batch_size"]) * seq * m["student_layers"],
-                                  lrs={"e2e": arm_lr(model_task, float(self.distill["lr"]))})
-
     def run(self):
-        from zgcore.evaluation import distill_report
+        from zgcore.evaluation import distill_report, distill_study
 
         req = self.requires()
-        a = json.loads((req["blockwise"].out_dir / "report.json").read_text())
-        c = json.loads((req["healed"].out_dir / "report.json").read_text())
-        heal = read_metrics(req["heal"])
-        blocks = [{"task": f"TrainBlock {m['block']}", "seconds": m["seconds"], "peak_rss_mib": m.get("peak_rss_mib")}
-                  for m in a["blocks"]]
-        stages = []
-        if "cache" in req:
-            cache = json.loads((req["cache"].out_dir / "manifest.json").read_text())
-            stages.append([{"task": "TeacherBoundary", "seconds": cache["build_seconds"],
-                            "peak_rss_mib": cache.get("peak_rss_mib")}])
-        stages.append(blocks)
-        seq = int(a["seq_len"])
-        block_passes = sum(m["steps"] * int(t["batch_size"]) * len(m["kept"]) for m, t in zip(a["blocks"], self.blocks)) * seq
-        e2e = read_metrics(req["e2e_model"])
-        L = e2e["student_layers"]
-        heal_stage = [{"task": "Heal", "seconds": heal["seconds"], "peak_rss_mib": heal["peak_rss_mib"]}]
-        ce_u, ce_t = a["cross_entropy"]["untrained"], a["cross_entropy"]["teacher"]
-        g = (float(self.eval["gate_gap"]), float(self.eval["gate_context"]))
-        t_cu = (a.get("context_use") or {}).get("teacher")
-        blr = [arm_lr(t, float(t.train.get("lr", 0))) for t in req["blocks"]]
-        arms = [
-            distill_report.arm("blockwise", a["cross_entropy"]["student"], ce_u, ce_t, a.get("context_use"), *g, stages,
-                               block_passes, lrs={f"block {i}": x for i, x in enumerate(blr)}),
-            self._e2e_arm("e2e", req["e2e"], req["e2e_model"], ce_u, ce_t, t_cu, g, seq),
-            distill_report.arm("healed", c["cross_entropy"]["student"], ce_u, ce_t, c.get("context_use"), *g, stages + [heal_stage],
-                               block_passes + heal["steps"] * int(self.heal["batch_size"]) * seq * L,
-                               lrs={**{f"block {i}": x for i, x in enumerate(blr)}, "heal": {"lr": float(self.heal["lr"])}}),
-            self._e2e_arm("e2e_healed", req["e2e_healed"], req["e2e_healed_model"], ce_u, ce_t, t_cu, g, seq),
-        ]
-        e2e_h = read_metrics(req["e2e_healed_model"])
-        rep = {"name": self.name, "teacher": self.teacher, "ce_teacher": ce_t, "ce_untrained": ce_u, "arms": arms,
-               "student_layers": L, "val_tokens": a["val_tokens"], "e2e_steps": e2e["steps"],
-               "e2e_healed_steps": e2e_h["steps"], "heal_steps": int(self.heal["steps"]),
-               "e2e_batch": int(self.distill["batch_size"]), "matched_steps": e2e["matched_steps"],
-               "reports": {"blockwise": str(req["blockwise"].out_dir), "healed": str(req["healed"].out_dir)}}
-        e2e_extra = {k: json.loads((req[k].out_dir / "eval.json").read_text()).get("extra") or [] for k in ("e2e", "e2e_healed")}
-        rep["extra"] = distill_report.extra_rows({"blockwise": a.get("extra") or [], "healed": c.get("extra") or [],
-                                                  **e2e_extra}, a.get("extra") or [])
         scores, rows, docs = arm_scores(req)
-        seed = int(self.blocks[0]["seed"])
-        rep["seeds"] = [seed]
-        rep["comparisons"] = distill_report.comparisons({k: {seed: v} for k, v in scores.items()}, groups=docs)
-        rep["descriptive"] = plumbing_check(self.teacher)
-        if rep["descriptive"]:
-            describe_only(rep["comparisons"])
-        bs = int(self.distill["batch_size"])
-        add_flops(arms, seq, a, [int(t["batch_size"]) for t in self.blocks], {"e2e": (e2e["steps"], bs), "e2e_healed": (
-            e2e_h["steps"], bs), "healed": (int(self.heal["steps"]), int(self.heal["batch_size"]))}, cache if "cache" in req else None)
-        untrained = load_scores(req["blockwise"].out_dir / SCORES)["val"]["ce"]["untrained"]
-        distill_report.verdict_gates(arms, scores, untrained, seed, groups=docs, descriptive=rep["descriptive"])  # needs a verdict
+        rep = distill_study.study_report(distill_study.StudyInputs(
+            name=self.name, teacher=self.teacher, eval=self.eval, heal=self.heal, distill=self.distill,
+            train=self.blocks, blockwise=json.loads((req["blockwise"].out_dir / "report.json").read_text()),
+            healed=json.loads((req["healed"].out_dir / "report.json").read_text()),
+            heal_metrics=read_metrics(req["heal"]),
+            e2e={k: (json.loads((req[k].out_dir / "eval.json").read_text()), read_metrics(req[f"{k}_model"]),
+                     arm_lr(req[f"{k}_model"], float(self.distill["lr"]))) for k in distill_study.E2E_ARMS},
+            block_lrs=[arm_lr(t, float(t.train.get("lr", 0))) for t in req["blocks"]], scores=scores, rows=rows,
+            docs=docs,
+            untrained=load_scores(req["blockwise"].out_dir / SCORES)["val"]["ce"]["untrained"],
+            cache=json.loads((req["cache"].out_dir / "manifest.json").read_text()) if "cache" in req else None))
+        rep["reports"] = {"blockwise": str(req["blockwise"].out_dir), "healed": str(req["healed"].out_dir)}
         with self.building() as tmp:
             write_json(tmp / "report.json", rep)
             save_scores(tmp / SCORES, scores_part(scores, rows, docs))
