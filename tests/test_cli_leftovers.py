@@ -1,0 +1,39 @@
+"""`zerograph`'s commands as a new user meets them: verify's progress off a terminal, report on a
+stale upstream, clean with the workflows' options."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {k: v for k, v in os.environ.items() if k not in ("ZG_PROGRESS", "TQDM_DISABLE")}
+ENV.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+VERIFY = """
+from workflows.verify import verify
+from workflows.verify_outputs import Item
+
+def check(progress):
+    for _ in range(64):
+        progress(1 << 20)
+    return []
+
+items, problems = verify([], checkers=[lambda tasks: [Item("64 MB", 64 << 20, check)]])
+print(len(items), problems)
+"""
+
+
+def _verify_stderr(tmp_path: Path, **env: str) -> str:
+    err = tmp_path / "err.txt"
+    with open(err, "w") as f:  # a file, not a terminal, as in `zerograph verify 2> file`
+        r = subprocess.run([sys.executable, "-c", VERIFY], cwd=ROOT, env={**ENV, **env}, stdout=subprocess.PIPE,
+                           stderr=f, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "1 []", (r.stdout, err.read_text())
+    return err.read_text()
+
+
+def test_verify_draws_no_bar_into_a_file(tmp_path):
+    assert _verify_stderr(tmp_path) == ""
+    drawn = _verify_stderr(tmp_path, ZG_PROGRESS="bar")  # what a terminal gets: the check can tell them apart
+    assert "verify: 100%" in drawn and "67.1M/67.1M" in drawn, drawn
