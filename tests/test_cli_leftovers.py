@@ -37,3 +37,28 @@ def test_verify_draws_no_bar_into_a_file(tmp_path):
     assert _verify_stderr(tmp_path) == ""
     drawn = _verify_stderr(tmp_path, ZG_PROGRESS="bar")  # what a terminal gets: the check can tell them apart
     assert "verify: 100%" in drawn and "67.1M/67.1M" in drawn, drawn
+
+
+def test_report_on_a_stale_upstream_exits_1_as_status_does(tmp_path):
+    import luigi
+    from typer.testing import CliRunner
+
+    from tests.conftest import tiny_cfg
+    from workflows.cli import app, walk
+    from workflows.experiment import build_experiment, load_config
+
+    out, cfg = tmp_path / "o", tiny_cfg()
+    root = build_experiment(load_config(overrides=cfg, preset=""), str(out))
+    assert luigi.build([root], local_scheduler=True, log_level="WARNING")
+    args = ["--preset", "", "--set", cfg, "--outputs", str(out)]
+    r = CliRunner().invoke(app, ["report", *args])
+    assert r.exit_code == 0 and "# " in r.stdout and "out of date" not in r.stderr, r.stderr
+
+    rec = {t.title(): t for t in walk(root)}["Assemble student"].out_dir / "task.json"
+    rec.write_text(rec.read_text().replace('"build": "', '"build": "x'))  # Assemble rebuilt after Evaluate read it
+    status = CliRunner().invoke(app, ["status", *args])
+    r = CliRunner().invoke(app, ["report", *args])
+    assert status.exit_code == 1 and "Evaluate report" in status.stdout and " stale " in status.stdout
+    assert r.exit_code == 1 and "# " in r.stdout, r.stderr  # the report still printed, then why it is behind
+    assert r.stderr.startswith("this report is out of date (") and "Evaluate report is stale" in r.stderr, r.stderr
+    assert "; rebuild with: .venv/bin/luigi --module workflows RunExperiment" in r.stderr, r.stderr
