@@ -115,3 +115,15 @@ def test_clean_lists_set_aside_folders_with_sizes_and_removes_them_with_yes(tmp_
     assert {n for n, p in t.items() if p.exists()} == {"done", "partial", "live_tmp"}
     r = CliRunner().invoke(app, ["clean", "--outputs", str(out)])
     assert r.exit_code == 0 and "nothing set aside" in r.stdout
+
+
+def test_clean_takes_the_workflows_options_and_checks_them(tmp_path):
+    out = tmp_path / "o"
+    t = _tree(out)
+    r = CliRunner().invoke(app, ["clean", "--preset", "tiny", "--set", "train.lr=1e-3", "--outputs", str(out)],
+                           terminal_width=400)
+    assert r.exit_code == 0 and str(t["stale"]) in r.stdout and "4 set-aside item(s)" in r.stdout, r.output
+    for bad, named in ((["--preset", "no_such_preset"], "no_such_preset"), (["--set", "train.lr=abc"], "train.lr")):
+        r = CliRunner().invoke(app, ["clean", "--preset", "tiny", *bad, "--outputs", str(out)])
+        assert r.exit_code == 2 and r.output.startswith("error: ") and named in r.output.splitlines()[0], r.output
+    assert all(p.exists() for p in t.values())

@@ -195,7 +195,8 @@ def verify(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
 
 
 @app.command()
-def clean(outputs: str = OutputsOpt,
+def clean(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
+          workflow: Optional[str] = WorkflowOpt,
           yes: bool = typer.Option(False, "--yes", "-y", help="remove them (without it: only list them)"),
           stale_hours: float = typer.Option(24.0, "--stale-hours", help="a temporary name written on another host "
                                             "is a dead writer's once unchanged this long")):
@@ -203,8 +204,12 @@ def clean(outputs: str = OutputsOpt,
     as stale or damaged (``<folder>.stale-*``, ``<folder>.damaged-*``, kept for inspection) and
     temporary names whose writer is gone; with ``--yes``, remove them. Never touches a finished
     output, a ``.partial`` work folder (a resumable checkpoint) or a live writer's temporary name.
+    It takes the workflows' options as every command does and checks them (a configuration error
+    exits 2), but what it lists is everything set aside under --outputs, whichever run left it.
     Exits 0."""
     from .verify_outputs import remove_set_aside, set_aside
+
+    root_tasks(config, set, preset, outputs, workflow)  # the options are checked as the other commands check them
 
     found = set_aside(outputs, stale_hours * 3600)
     for path, kind, size in found:
