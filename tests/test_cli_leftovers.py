@@ -62,3 +62,18 @@ def test_report_on_a_stale_upstream_exits_1_as_status_does(tmp_path):
     assert r.exit_code == 1 and "# " in r.stdout, r.stderr  # the report still printed, then why it is behind
     assert r.stderr.startswith("this report is out of date (") and "Evaluate report is stale" in r.stderr, r.stderr
     assert "; rebuild with: .venv/bin/luigi --module workflows RunExperiment" in r.stderr, r.stderr
+
+
+def test_a_block_that_keeps_its_whole_partition_of_the_teacher_warns_in_one_line():
+    code = ("from workflows.experiment import load_config\n"
+            "load_config(overrides='teacher=tiny-llama corpus.seq_len=32 boundary.num_blocks=3' + ' ' + __import__('sys')"
+            ".argv[1], preset='')\n")
+    copies = subprocess.run([sys.executable, "-c", code, ""], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                            timeout=120)
+    warned = [ln for ln in copies.stderr.splitlines() if ln.startswith("warning: ")]
+    assert copies.returncode == 0 and len(warned) == 1, copies.stderr[-2000:]  # 4 layers in 3 blocks: all kept
+    assert warned[0].startswith("warning: block(s) 0, 1, 2 keep every layer of their partition of the teacher's 4")
+    for fine in ("train.n_layers=1 boundary.num_blocks=2", "train.init=random", "train.mixer=window train.window=8"):
+        r = subprocess.run([sys.executable, "-c", code, fine], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0 and "warning: " not in r.stderr, (fine, r.stderr[-2000:])
