@@ -116,10 +116,26 @@ KILL_EACH = """
 import sys, luigi
 from tests.test_contract_families import *
 discover_families()
+warm_imports()
 luigi.configuration.get_config().set("worker", "force_multiprocessing", "true")
 OUT = sys.argv[1]
 sys.exit(0 if luigi.build({roots}, local_scheduler=True, log_level="WARNING") else 1)
 """
+
+
+def warm_imports() -> None:
+    """Import what tasks import when they run (every zgcore module, transformers' models, h5py), so that
+    each task's forked process inherits it instead of importing it again."""
+    import h5py  # noqa: F401
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    import zgcore
+
+    for m in pkgutil.walk_packages(zgcore.__path__, "zgcore."):
+        importlib.import_module(m.name)
+    for name in ("LlamaForCausalLM", "LlamaConfig", "PreTrainedTokenizerFast"):
+        getattr(transformers, name)
 
 
 def kill_each_family(outputs: Path, roots: str, max_rounds: int = 25) -> dict[str, object]:
