@@ -60,7 +60,7 @@ def main() -> int:
         block = build_block(model, list(range(n_layers)), "teacher", 0, mixer=mixer, window=a.window)
         rows[mixer] = ce(assemble_exact(model, [block]))
     for k, v in rows.items():
-        print(f"{k:14} CE {v:.4f} nats/token  (+{v - rows['teacher']:.4f} over the teacher)")
+        print(f"{k:14} CE {v:.4f} nats/token  ({v - rows['teacher']:+.4f} over the teacher)")
     if a.json:
         Path(a.json).write_text(json.dumps({"teacher": a.teacher, "seq_len": a.seq_len, "window": a.window,
                                             "sequences": n, "ce": rows}, indent=1))

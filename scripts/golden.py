@@ -27,6 +27,13 @@ last bits with no change here). So each file records the machine it was written 
 beside the digests, the *values* behind them (:func:`values`: every recorded report number, and
 each weight tensor's norm and its direction against a fixed pseudo-random tensor). On the recording machine every digest must match byte for byte; on
 another machine the values must match within :data:`RTOL`, and the bytes are said not compared.
+A file holds the digests of more than one machine kind when they were recorded there
+(``other_machines``, keyed by :func:`machine_key`: development machines here alternate between
+Intel and AMD CPUs): on each recorded kind the bytes are compared against its own digests. The
+first machine's digests and values stay the file's top-level ``machine``/``digests``/``values``;
+``--write`` on a recorded kind whose bytes did not move adds or keeps its entry, and ``--write``
+that moves a machine's bytes (a change of the code) drops the other machines' digests, which the
+old code produced, and records this machine as the first.
 
 Not recorded: ``task.json`` (it carries times and hosts), plots (PNG metadata), logs, TensorBoard
 event files, the HDF5 boundary shards (HDF5 writes object timestamps); the weights trained from
@@ -172,14 +179,38 @@ def machine() -> dict[str, str]:
             "isa": hashlib.sha256(isa.encode()).hexdigest()[:16]}
 
 
-def machine_difference(preset: str) -> list[str]:
-    """How this machine differs from the one ``preset``'s digests were recorded on (``[]``: the
-    same, so the bytes must match). A record without a machine counts as another machine."""
+def machine_key(m: dict[str, str]) -> str:
+    """The key of a machine kind (:func:`machine`'s record) among a file's ``other_machines``:
+    ``"<arch> <vendor> <cpu_capability> <isa>"``."""
+    return " ".join(str(m.get(k, "?")) for k in ("arch", "vendor", "cpu_capability", "isa"))
+
+
+def _record(preset: str) -> dict[str, Any] | None:
     p = golden_path(preset)
-    if not p.is_file():
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def this_machines(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """The part of a golden record written on this machine's kind: ``{"machine", "environment",
+    "digests"}`` (the top level when it was the first machine, else its ``other_machines`` entry);
+    None when this kind recorded none."""
+    here = machine()
+    if rec.get("machine") == here:
+        return rec
+    other = rec.get("other_machines", {}).get(machine_key(here))
+    return other if other is not None and other.get("machine") == here else None
+
+
+def machine_difference(preset: str) -> list[str]:
+    """How this machine differs from every one ``preset``'s digests were recorded on (``[]``: one
+    of them is this kind, so the bytes must match its digests). A record without a machine counts
+    as another machine."""
+    rec = _record(preset)
+    if rec is None or this_machines(rec) is not None:
         return []
-    want, have = json.loads(p.read_text()).get("machine", {}), machine()
-    return [f"{k} {want.get(k, '?')} recorded, {have[k]} here" for k in have if want.get(k) != have[k]]
+    want, have = rec.get("machine", {}), machine()
+    lines = [f"{k} {want.get(k, '?')} recorded, {have[k]} here" for k in have if want.get(k) != have[k]]
+    return lines + [f"also recorded on {k}" for k in rec.get("other_machines", {})]
 
 
 def value_difference(preset: str, got: dict[str, dict[str, float]]) -> list[str]:
@@ -240,10 +271,10 @@ def environment_difference(preset: str) -> list[str]:
     under (``[]``: the same, so every digest must match byte for byte). Digests of trained weights
     are a property of the code *and* the library versions: a new transformers or tokenizers
     release may move them with no change here, which is why the suite installs ``constraints.txt``."""
-    p = golden_path(preset)
-    if not p.is_file():
+    rec = _record(preset)
+    if rec is None:
         return []
-    want, have = json.loads(p.read_text()).get("environment", {}), environment()
+    want, have = (this_machines(rec) or rec).get("environment", {}), environment()
     return [f"{lib} {want.get(lib, '?')} recorded, {have[lib]} here" for lib in LIBRARIES if want.get(lib) != have[lib]]
 
 
@@ -253,24 +284,38 @@ def golden_path(preset: str) -> Path:
 
 
 def difference(preset: str, got: dict[str, str]) -> list[str]:
-    """What differs between ``got`` and the recorded digests of ``preset``, one line per key
+    """What differs between ``got`` and the digests of ``preset`` recorded on this machine's kind
+    (:func:`this_machines`; the first machine's where this kind recorded none), one line per key
     (``[]``: the same). A missing record is one line."""
     p = golden_path(preset)
     if not p.is_file():
         return [f"no recorded digests at {p.relative_to(REPO) if p.is_relative_to(REPO) else p}"]
-    want = json.loads(p.read_text())["digests"]
+    rec = json.loads(p.read_text())
+    want = (this_machines(rec) or rec)["digests"]
     lines = [f"{k}: recorded {want.get(k, 'nothing')[:12]}, now {got.get(k, 'nothing')[:12]}"
              for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]
     return lines
 
 
 def write(preset: str, got: dict[str, str], vals: dict[str, dict[str, float]] | None = None) -> Path:
-    """Record ``got`` as the digests of ``preset`` (and ``vals`` as its values), with this
-    environment's library versions and this machine; returns the file."""
+    """Record ``got`` as this machine's digests of ``preset``, with this environment's library
+    versions and this machine; returns the file. On a machine other than the file's first, whose
+    bytes did not move (it recorded these digests, or none), they go under ``other_machines`` and
+    the first machine's record stays; otherwise ``got`` and ``vals`` become the first machine's and
+    every other machine's digests are dropped (see the module docstring)."""
     GOLDEN.mkdir(parents=True, exist_ok=True)
     p = golden_path(preset)
-    p.write_text(json.dumps({"preset": preset, "written_by": COMMAND, "environment": environment(),
-                             "machine": machine(), "digests": got, "values": vals or {}}, indent=1) + "\n")
+    rec, here = _record(preset), machine()
+    mine = {"machine": here, "environment": environment(), "digests": got}
+    if rec is not None and rec.get("machine") != here and rec.get("environment") == mine["environment"]:
+        before = this_machines(rec)
+        if before is None or before["digests"] == got:
+            rec.setdefault("other_machines", {})[machine_key(here)] = mine
+            p.write_text(json.dumps(rec, indent=1) + "\n")
+            return p
+    keep = {} if rec is None or rec.get("digests") != got or rec.get("machine") != here else rec.get("other_machines", {})
+    p.write_text(json.dumps({"preset": preset, "written_by": COMMAND, **mine, "values": vals or {},
+                             **({"other_machines": keep} if keep else {})}, indent=1) + "\n")
     return p
 
 

@@ -34,8 +34,8 @@ from zgcore.hashing import (
 from zgcore.threads import decoder_params
 
 from .integrity import (  # noqa: F401 (completion_pass: zerograph status's, re-exported)
-    _PASS, METADATA_BYTES, DamagedOutputError, OutputUnreadableError, _checking_inputs, completion_pass, record_problem,
-    write_record)
+    _PASS, METADATA_BYTES, DamagedOutputError, OutputUnreadableError, _checking_inputs, completion_pass, kill_point,
+    record_problem, write_record)
 
 HIDDEN = ParameterVisibility.HIDDEN  # long configs: kept out of the visualiser's task names
 PROGRESS_INTERVAL_S = 2.0  # seconds between two progress reports to the scheduler
@@ -358,6 +358,7 @@ class ZGTask(luigi.Task):
             if hashes:
                 info["sha256"] = hashes
             write_record(tmp, json.dumps(info, indent=2, sort_keys=True) + "\n")
+            kill_point(self.get_task_family())
         for name, digest in hashes.items():  # the bytes just hashed: complete() need not read them again
             remember_sha256(self.out_dir / name, digest)
 

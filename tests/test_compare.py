@@ -242,3 +242,19 @@ def test_the_quality_gate_needs_the_verdict_not_only_the_point_estimates():
             assert c["verdict"] == "a better" and rep["gap_recovered"] > 0.5
         else:
             assert c["verdict"] == "not resolved" and "not shown better" in rep["gates"]["quality"]["reason"]
+
+
+def test_one_run_per_arm_prints_no_p_and_several_runs_print_theirs():
+    from zgcore.evaluation.compare import compare_arms, markdown, sentence
+
+    rng = np.random.default_rng(0)
+    groups = [0] * 4 + [1] * 4  # 2 documents
+    x = {s: rng.normal(3.0, 0.1, 8) for s in (0, 1)}
+    y = {s: x[s] + 0.05 + rng.normal(0, 0.01, 8) for s in (0, 1)}
+    one = compare_arms([("x", "y")], {"x": {0: x[0]}, "y": {0: y[0]}}, groups=groups)[0]
+    assert one["unit"] == "run" and one["runs"] == 1 and one["p"] < 0.001  # the bootstrap's p stays in report.json
+    row = markdown([one]).splitlines()[2].split(" | ")
+    assert row[6] == "—" and "p <" not in sentence(one) and "no test (one run per arm)" in sentence(one), row
+    two = compare_arms([("x", "y")], {"x": x, "y": y}, groups=groups)[0]
+    assert two["runs"] == 2 and markdown([two]).splitlines()[2].split(" | ")[6] not in ("—", "")
+    assert "; p " in sentence(two)

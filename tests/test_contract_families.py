@@ -110,12 +110,75 @@ def by_family(graphs: dict[str, list[ZGTask]]) -> dict[str, list[ZGTask]]:
     return {f: list(v.values()) for f, v in out.items()}
 
 
+# one run of ``{roots}`` (an expression of this module's names; ``OUT``: the outputs folder), each task in a
+# process of its own (Luigi's force_multiprocessing), so that a task killed there fails alone and the others go on
+KILL_EACH = """
+import sys, luigi
+from tests.test_contract_families import *
+discover_families()
+warm_imports()
+luigi.configuration.get_config().set("worker", "force_multiprocessing", "true")
+OUT = sys.argv[1]
+sys.exit(0 if luigi.build({roots}, local_scheduler=True, log_level="WARNING") else 1)
+"""
+
+
+def warm_imports() -> None:
+    """Import what tasks import when they run (every zgcore module, transformers' models, h5py), so that
+    each task's forked process inherits it instead of importing it again."""
+    import h5py  # noqa: F401
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    import zgcore
+
+    for m in pkgutil.walk_packages(zgcore.__path__, "zgcore."):
+        importlib.import_module(m.name)
+    for name in ("LlamaForCausalLM", "LlamaConfig", "PreTrainedTokenizerFast"):
+        getattr(transformers, name)
+
+
+def kill_each_family(outputs: Path, roots: str, max_rounds: int = 25) -> dict[str, object]:
+    """Build ``roots`` into ``outputs`` with every family's first build SIGKILLed once its files are
+    written, before the rename (``tasks.integrity.KILL_ENV``), rerunning until a run succeeds; after
+    each run every task of a family just killed that says it is complete must be whole (every file's
+    SHA-256). Returns
+    ``{"killed": families killed, "unwhole": ["family: problem"], "rounds", "temporaries": left after
+    the last run}``. Raises AssertionError when a run fails without killing a family (a real failure)."""
+    from tasks.integrity import KILL_ENV
+    from zgcore import hashing
+
+    marks = outputs.with_name(outputs.name + "-killed")
+    marks.mkdir(parents=True, exist_ok=True)
+    script, env, unwhole = KILL_EACH.format(roots=roots), {**ENV, KILL_ENV: str(marks)}, []
+    for rounds in range(1, max_rounds + 1):
+        before = set(os.listdir(marks))
+        r = subprocess.run([sys.executable, "-c", script, str(outputs)], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=900)
+        hashing._SHA256_SEEN.clear()
+        graph, now = eval(roots, {**globals(), "OUT": str(outputs)}), set(os.listdir(marks)) - before  # noqa: S307
+        for t in {t.task_id: t for root in graph for t in full_walk(root) if isinstance(t, ZGTask)}.values():
+            if t.get_task_family() in now and t.complete():
+                problem = t.check_output() or t.content_problem(deep=True)
+                if problem:
+                    unwhole.append(f"{t.get_task_family()}: {problem}")
+        if r.returncode == 0:
+            break
+        assert now, f"a run failed and killed no family:\n{r.stderr[-3000:]}"
+    return {"killed": set(os.listdir(marks)), "unwhole": unwhole, "rounds": rounds, "temporaries": temporaries(outputs)}
+
+
+KILLS: dict[str, object] = {}
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """Every smoke graph run once into one outputs folder (each preset's shared inputs built once)."""
+    """Every smoke graph run into one outputs folder (each preset's shared inputs built once), every
+    family killed once on the way (:func:`kill_each_family`: the kill contract, checked below)."""
     out = tmp_path_factory.mktemp("smoke")
-    for name in SMOKE:
-        assert luigi.build([smoke_root(name, out)], local_scheduler=True, log_level="WARNING"), name
+    t0 = time.perf_counter()
+    KILLS.update(kill_each_family(out, "[smoke_root(n, OUT) for n in SMOKE]"), seconds=time.perf_counter() - t0)
+    assert not KILLS["unwhole"], KILLS["unwhole"]
     return out
 
 
@@ -409,12 +472,45 @@ KILL_POINTS = {
 }
 
 
-@pytest.mark.parametrize("family", ["PrepareTeacher", random.Random(int(time.strftime("%j"))).choice(sorted(KILL_POINTS))])
+@pytest.mark.parametrize("family", ["PrepareTeacher", "TrainBlock"])
 def test_a_kill_during_a_family_leaves_nothing_partial_counted_and_no_temporary_after_the_rerun(family, tmp_path):
-    """PrepareTeacher always (a kill while the tiny teacher was built left ``teachers/.tiny-llama.tmp-…``
-    behind after a successful rerun: the sweep looked only beside the task's folder and in its work
-    folder), and one family of the tiny experiment drawn by the day of the year."""
+    """Mid-write kills where a family writes first: PrepareTeacher (a kill while the tiny teacher was
+    built left ``teachers/.tiny-llama.tmp-…`` behind after a successful rerun: the sweep looked only
+    beside the task's folder and in its work folder) and TrainBlock (a checkpoint in its ``.partial``
+    folder). Every family is killed at its rename in the next test."""
     check_kill(tmp_path, family, KILL_POINTS[family], "smoke_root('tiny', OUT)")
+
+
+def kill_problems(families: set[str], kills: dict[str, object]) -> list[str]:
+    """What :func:`kill_each_family`'s record ``kills`` breaks of the kill contract over ``families``."""
+    return ([f"task families never killed: {sorted(families - kills['killed'])}"] if families - kills["killed"] else []) \
+        + [f"killed mid-run, counted as done but {p}" for p in kills["unwhole"]] \
+        + ([f"the reruns left temporary names: {kills['temporaries']}"] if kills["temporaries"] else [])
+
+
+def test_a_kill_of_every_family_leaves_nothing_partial_counted_and_no_temporary_after_the_rerun(built):
+    families = set(by_family(graph_tasks(built)))
+    assert kill_problems(families, KILLS) == []
+    print(f"{len(families)} families killed in {KILLS['rounds']} runs, {KILLS['seconds']:.0f} s")
+
+
+class BrokenNoKillPoint(ZGTask):
+    """A family that writes its final folder itself, not through ``building()``: nothing can kill it there."""
+
+    def own_config(self):
+        return {}
+
+    def complete(self):
+        return self.out_dir.is_dir()
+
+    def run(self):
+        self.out_dir.mkdir(parents=True)
+        (self.out_dir / "data.bin").write_bytes(b"x" * 1000)
+
+
+def test_a_family_the_kill_never_reaches_fails_the_kill_contract_by_name(tmp_path):
+    kills = kill_each_family(tmp_path / "o", "[BrokenNoKillPoint(outputs=OUT)]")
+    assert kill_problems({"BrokenNoKillPoint"}, kills) == ["task families never killed: ['BrokenNoKillPoint']"]
 
 
 # -- broken dummies: one per contract, each failing it by name ---------------------------------------------------

@@ -68,3 +68,24 @@ def test_the_docs_name_no_code_that_is_gone():
         for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
             lines = [ln for ln in p.read_text().splitlines() if f"`{name}`" in ln and "gone" not in ln]
             assert not lines, f"{p.relative_to(ROOT)} names `{name}`, which the code no longer has: {lines}"
+
+
+# a literal "+" before a float field without a sign of its own prints "+-0.0027" for a negative value
+PLUS_BEFORE_FIELD = re.compile(r"\+\{[^{}:]*:[^+{}]*f\}")
+
+
+def plus_before_a_field(files) -> list[str]:
+    """``file:line`` of each f-string that writes a literal ``+`` before an unsigned float field."""
+    return [f"{f}:{n}" for f in files for n, line in enumerate(Path(f).read_text().splitlines(), 1)
+            if PLUS_BEFORE_FIELD.search(line)]
+
+
+def test_signed_differences_print_their_own_sign():
+    files = [p for d in ("zgcore", "tasks", "workflows", "bench", "scripts") for p in sorted((ROOT / d).rglob("*.py"))]
+    assert plus_before_a_field(files) == []
+
+
+def test_the_sign_check_sees_a_literal_plus(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text('print(f"(+{d:.4f} nats)")\nprint(f"({d:+.4f} nats) {a}+{b}")\n')
+    assert plus_before_a_field([f]) == [f"{f}:1"]

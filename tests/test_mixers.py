@@ -128,10 +128,19 @@ def test_a_converted_block_starts_from_the_teachers_projections(tmp_path):
         assert torch.allclose(window(h), soft(h), atol=1e-5)
 
 
-LOAD_ALONE = """
+# the project's packages cannot be imported, whatever installed them (an editable install adds a finder,
+# not only a sys.path entry): the exported folder must load on torch and transformers alone
+BLOCK_PROJECT = """
+import importlib.abc, sys
+class _NoProject(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("zgcore", "tasks", "workflows"):
+            raise ImportError(f"{name} is the project's, not the exported folder's")
+sys.meta_path.insert(0, _NoProject())
+"""
+LOAD_ALONE = BLOCK_PROJECT + """
 import sys, json, torch
 from transformers import AutoModelForCausalLM
-assert not any("zgcore" in p for p in sys.path)
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
 ids = torch.tensor([[1, 2, 3]])
 out = {}
@@ -145,6 +154,16 @@ for n in (256, 2048):
         out["greedy_matches"] = bool(torch.equal(par, g.sequences[0, 3:]))
 print(json.dumps(out))
 """
+
+
+def test_the_load_alone_guard_stops_an_import_of_the_project():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    importable = subprocess.run([sys.executable, "-c", "import zgcore.models.mixers"], cwd="/", env=env,
+                                capture_output=True, text=True, timeout=120)
+    assert importable.returncode == 0, importable.stderr[-500:]  # installed here: a sys.path check could not see it
+    r = subprocess.run([sys.executable, "-c", BLOCK_PROJECT + "import zgcore.models.mixers"], cwd="/", env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "ImportError: zgcore is the project's" in r.stderr, r.stderr[-500:]
 
 
 @pytest.mark.parametrize("mixer", ["window", "linear", "linear_window", "softmax"])

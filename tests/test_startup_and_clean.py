@@ -42,6 +42,40 @@ def test_status_help_starts_within_a_bound_of_a_bare_interpreter():
     assert cli / bare < MAX_RATIO, f"`zerograph status --help` took {cli:.2f} s, {cli / bare:.0f}x `python -c pass`"
 
 
+STATUS = ("import sys\nfrom workflows.cli import main\nsys.argv = ['zerograph', *sys.argv[1:]]\n"
+          "try:\n    main()\nexcept SystemExit:\n    pass\n"
+          "print('HEAVY', sorted(m for m in ('transformers', 'zgcore.models.hf_converted_llama') if m in sys.modules))")
+
+
+def test_status_and_report_of_a_tiny_preset_import_no_transformers(tmp_path):
+    # transformers (and the converted student's modelling file) load where a model runs; bench/cli_startup.py
+    # prints the seconds
+    for cmd in ("status", "report"):
+        r = subprocess.run([sys.executable, "-c", STATUS, cmd, "--preset", "tiny", "--outputs", str(tmp_path)],
+                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert "HEAVY []" in r.stdout, (cmd, r.stdout[-500:], r.stderr[-2000:])
+        assert ("missing" in r.stdout) if cmd == "status" else ("no report yet" in r.stderr), (cmd, r.stdout[-500:])
+
+
+def test_a_tiny_teachers_description_is_its_configs():
+    from zgcore.models.channels import mlp_width
+    from zgcore.models.teacher import TINY_FAMILIES, TeacherInfo, describe, tiny_config
+
+    for spec, family in TINY_FAMILIES.items():
+        c = tiny_config(family)
+        n_layers = getattr(c, "num_hidden_layers", None) or c.n_layer
+        max_pos = getattr(c, "max_position_embeddings", None) or c.n_positions
+        assert describe(spec) == TeacherInfo(spec, c.model_type, n_layers, c.hidden_size, max_pos, mlp_width(c)), spec
+
+
+def test_the_mixer_names_are_the_exported_files_own():
+    from zgcore.models import hf_converted_llama as exported
+    from zgcore.models import mixers
+
+    for name in ("MIXERS", "WINDOWED", "FEATURED"):
+        assert getattr(mixers, name) == getattr(exported, name), name
+
+
 def _tree(out: Path) -> dict[str, Path]:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a pid that no longer runs: its temporary names are a dead writer's
@@ -81,3 +115,15 @@ def test_clean_lists_set_aside_folders_with_sizes_and_removes_them_with_yes(tmp_
     assert {n for n, p in t.items() if p.exists()} == {"done", "partial", "live_tmp"}
     r = CliRunner().invoke(app, ["clean", "--outputs", str(out)])
     assert r.exit_code == 0 and "nothing set aside" in r.stdout
+
+
+def test_clean_takes_the_workflows_options_and_checks_them(tmp_path):
+    out = tmp_path / "o"
+    t = _tree(out)
+    r = CliRunner().invoke(app, ["clean", "--preset", "tiny", "--set", "train.lr=1e-3", "--outputs", str(out)],
+                           terminal_width=400)
+    assert r.exit_code == 0 and str(t["stale"]) in r.stdout and "4 set-aside item(s)" in r.stdout, r.output
+    for bad, named in ((["--preset", "no_such_preset"], "no_such_preset"), (["--set", "train.lr=abc"], "train.lr")):
+        r = CliRunner().invoke(app, ["clean", "--preset", "tiny", *bad, "--outputs", str(out)])
+        assert r.exit_code == 2 and r.output.startswith("error: ") and named in r.output.splitlines()[0], r.output
+    assert all(p.exists() for p in t.values())

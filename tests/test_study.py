@@ -64,3 +64,21 @@ def test_objective_study_six_arms(tmp_path, run_graph):
                                                                        "ObjectiveStudyReport", "ScoreAssembled",
                                                                        "TrainBlock"]
     assert json.loads((root.out_dir / "report.json").read_text())["identical"]["denoise/s0"] is True
+
+
+def _arm(objective, **block):
+    b = {"final_loss": 0.1, "first_loss": 0.2, "objective": objective, "seconds": 1.0, **block}
+    rep = {"blocks": [b, b], "cross_entropy": {"student": 3.0, "teacher": 2.9, "untrained": 5.0},
+           "gap_recovered": 0.95, "gates": {}}
+    return {"objective": objective, "targets": "cached", "seed": 0, "report": rep, "block_files": []}
+
+
+def test_a_conversion_studys_report_is_titled_so_and_names_its_mixer_and_window():
+    from zgcore.evaluation.study import objective_study, study_markdown
+
+    conv = objective_study([_arm(o, mixer="linear_window", window=8) for o in ("clean", "attention_transfer")])
+    md = study_markdown(conv)
+    assert md.startswith("# ZeroGraph conversion study: mixer linear_window, window 8 tokens\n"), md[:200]
+    assert "objective study" not in md.splitlines()[0]
+    plain = study_markdown(objective_study([_arm(o) for o in ("clean", "noisy")]))
+    assert plain.startswith("# ZeroGraph objective study\n") and "conversion" not in plain.splitlines()[0]

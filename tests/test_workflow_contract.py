@@ -40,8 +40,8 @@ def test_every_workflow_meets_the_contract_on_its_tiny_preset(name, built):
     assert not vals, (f"{name} ({wf.tiny}): recorded values moved beyond rtol {golden.RTOL} (tests/golden/{wf.tiny}.json); "
                       f"if the change is meant, record it with `{golden.COMMAND} --workflow {name}` and say why in the "
                       "commit:\n" + "\n".join(vals))
-    if golden.machine_difference(wf.tiny):  # other kernels round float32 sums otherwise: the values are the check
-        return
+    if golden.machine_difference(wf.tiny):  # no recorded machine is of this kind: other kernels round float32 sums
+        return  # otherwise, so the values are the check; on every recorded kind the bytes are compared below
     diff = golden.difference(wf.tiny, got)
     assert not diff, (f"{name} ({wf.tiny}): output bytes differ from tests/golden/{wf.tiny}.json; if the change is "
                       f"meant, record it with `{golden.COMMAND} --workflow {name}` and say why in the commit:\n"
@@ -131,12 +131,44 @@ def test_golden_values_hold_across_machines_within_tolerance_and_bytes_only_on_t
     assert golden.machine_difference("x_tiny") == [f"cpu_capability OTHER recorded, {here['cpu_capability']} here"]
 
 
+def test_golden_bytes_are_compared_on_every_recorded_machine_kind(tmp_path, monkeypatch):
+    monkeypatch.setattr(golden, "GOLDEN", tmp_path)
+    intel = {"arch": "x86_64", "vendor": "GenuineIntel", "cpu_capability": "AVX512", "isa": "1" * 16}
+    amd = {**intel, "vendor": "AuthenticAMD", "isa": "2" * 16}
+    vals = {"TrainBlock b0/block.safetensors": {"w:l2": 12.5}}
+    on = lambda m: monkeypatch.setattr(golden, "machine", lambda: dict(m))  # noqa: E731
+    on(intel)
+    golden.write("x_tiny", {"TrainBlock b0/block.safetensors": "11" * 32}, vals)
+    on(amd)
+    assert golden.machine_difference("x_tiny")  # not recorded on this kind yet: values only
+    golden.write("x_tiny", {"TrainBlock b0/block.safetensors": "22" * 32}, vals)
+    rec = json.loads(golden.golden_path("x_tiny").read_text())
+    assert rec["machine"] == intel and rec["digests"] == {"TrainBlock b0/block.safetensors": "11" * 32}
+    assert list(rec["other_machines"]) == [golden.machine_key(amd)] and rec["values"] == vals
+    assert golden.machine_difference("x_tiny") == [] and golden.environment_difference("x_tiny") == []
+    assert golden.difference("x_tiny", {"TrainBlock b0/block.safetensors": "22" * 32}) == []
+    assert golden.difference("x_tiny", {"TrainBlock b0/block.safetensors": "33" * 32}) == [  # bytes moved on AMD
+        f"TrainBlock b0/block.safetensors: recorded {'22' * 6}, now {'33' * 6}"]
+    on(intel)
+    assert golden.machine_difference("x_tiny") == []
+    assert golden.difference("x_tiny", {"TrainBlock b0/block.safetensors": "11" * 32}) == []
+    assert golden.difference("x_tiny", {"TrainBlock b0/block.safetensors": "22" * 32}) != []
+    on(amd)  # a change of the code moves AMD's bytes: Intel's digests are the old code's and go
+    golden.write("x_tiny", {"TrainBlock b0/block.safetensors": "44" * 32}, vals)
+    rec = json.loads(golden.golden_path("x_tiny").read_text())
+    assert rec["machine"] == amd and "other_machines" not in rec
+    on(intel)
+    assert golden.machine_difference("x_tiny")
+
+
 def test_every_golden_file_records_its_machine_and_the_values_behind_each_digest():
     from workflows import registry as reg
 
     for name in reg.names():
         rec = json.loads(golden.golden_path(reg.get(name).tiny).read_text())
         assert set(rec.get("machine", {})) == set(golden.machine()), f"{reg.get(name).tiny}.json: no machine recorded"
+        for key, other in rec.get("other_machines", {}).items():  # another kind's bytes of the same files
+            assert key == golden.machine_key(other["machine"]) and set(other["digests"]) == set(rec["digests"]), key
         assert set(rec["values"]) == set(rec["digests"]), f"{reg.get(name).tiny}.json: values and digests name other files"
         for k, v in rec["values"].items():  # every weight tensor has its norm and its direction
             if k.endswith(".safetensors"):

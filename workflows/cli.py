@@ -48,6 +48,14 @@ def task_state(t: ZGTask) -> str:
     return "partial" if t.out_dir.with_name(t.out_dir.name + ".partial").is_dir() else "missing"
 
 
+def graph_states(tasks: list) -> list[str]:
+    """:func:`task_state` of each of ``tasks`` in one look at the graph (each task checked once)."""
+    from tasks.base import completion_pass
+
+    with completion_pass():
+        return [task_state(t) for t in tasks]
+
+
 def pick(preset: str, workflow: Optional[str] = None) -> registry.Workflow:
     """The registered workflow to inspect: ``workflow`` when given, else the owner of ``preset``
     (:mod:`workflows.registry`; ``RunExperiment`` for an empty preset). An unknown workflow or preset
@@ -115,10 +123,7 @@ def status(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
     error. The states are listed below."""
     tasks = all_tasks(root_tasks(config, set, preset, outputs, workflow))
     width = max(len(t.title()) for t in tasks)
-    from tasks.base import completion_pass
-
-    with completion_pass():  # one look at the graph: each task checked once, not once per path to it
-        states = [task_state(t) for t in tasks]
+    states = graph_states(tasks)
     for t, state in zip(tasks, states):
         name = t.title()
         typer.echo(f"{name:<{width}}  {state:<8} {t.out_dir}")
@@ -141,13 +146,21 @@ def report(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
            workflow: Optional[str] = WorkflowOpt,
            as_json: bool = typer.Option(False, "--json", help="print report.json instead of report.md")):
     """Print the report of the preset's workflow (``--preset library_tiny``: the library's;
-    ``distill_tiny``: the distillation study's); exit 1 if it has not been built, with the command
-    that builds it; 2 on a configuration error."""
-    path = report_path(root_tasks(config, set, preset, outputs, workflow), pick(preset, workflow), as_json)
+    ``distill_tiny``: the distillation study's); exit 1 if it has not been built, or if it or a task
+    it rests on is not done (as `zerograph status` judges: stale, damaged, ...; the report is printed,
+    then what is not done), with the command that builds it; 2 on a configuration error."""
+    roots = root_tasks(config, set, preset, outputs, workflow)
+    path = report_path(roots, pick(preset, workflow), as_json)
     if not path.is_file():
         typer.echo(f"no report yet at {path}; run: {run_command(config, set, preset, outputs, workflow)}", err=True)
         raise typer.Exit(1)
     typer.echo(path.read_text())
+    tasks = all_tasks(roots)
+    behind = [f"{t.title()} is {s}" for t, s in zip(tasks, graph_states(tasks)) if s != "done"]
+    if behind:
+        typer.echo(f"this report is out of date ({'; '.join(behind)}); rebuild with: "
+                   f"{run_command(config, set, preset, outputs, workflow)}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -182,7 +195,8 @@ def verify(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
 
 
 @app.command()
-def clean(outputs: str = OutputsOpt,
+def clean(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
+          workflow: Optional[str] = WorkflowOpt,
           yes: bool = typer.Option(False, "--yes", "-y", help="remove them (without it: only list them)"),
           stale_hours: float = typer.Option(24.0, "--stale-hours", help="a temporary name written on another host "
                                             "is a dead writer's once unchanged this long")):
@@ -190,8 +204,12 @@ def clean(outputs: str = OutputsOpt,
     as stale or damaged (``<folder>.stale-*``, ``<folder>.damaged-*``, kept for inspection) and
     temporary names whose writer is gone; with ``--yes``, remove them. Never touches a finished
     output, a ``.partial`` work folder (a resumable checkpoint) or a live writer's temporary name.
+    It takes the workflows' options as every command does and checks them (a configuration error
+    exits 2), but what it lists is everything set aside under --outputs, whichever run left it.
     Exits 0."""
     from .verify_outputs import remove_set_aside, set_aside
+
+    root_tasks(config, set, preset, outputs, workflow)  # the options are checked as the other commands check them
 
     found = set_aside(outputs, stale_hours * 3600)
     for path, kind, size in found:

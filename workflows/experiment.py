@@ -115,10 +115,36 @@ def load_config(config: str = "", overrides: str = "", preset: str = "", seeded_
     zconfig.validate_against_teacher(cfg, info.n_layers, info.max_positions, cfg["teacher"], info.mlp_width)
     check_kv_heads(cfg)
     check_mixers(cfg, info.model_type)
+    warn_teacher_copies(cfg, info.n_layers, info.mlp_width)
     if int(cfg["heal"]["steps"]) and cfg.get("seeds") and not seeded_heal:
         raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0 "
                                   "(DistillStudy heals every seed's student)")
     return cfg
+
+
+_WARNED: set[str] = set()
+
+
+def warn_teacher_copies(cfg: dict[str, Any], n_layers: int, mlp_width: int | None) -> None:
+    """One ``warning:`` line on stderr (once per process) naming the blocks whose student is its
+    partition's teacher layers unchanged (:func:`zgcore.models.shapes.teacher_copies`): nothing is
+    learnt there (a loss of 0 from the first step), e.g. the default three blocks on a 4-layer teacher.
+    A library's candidates (``library.variants``, ``library.blocks``) are not checked: the teacher's
+    own layers are a candidate there on purpose."""
+    from zgcore.models.shapes import resolve_boundaries, teacher_copies
+
+    if cfg.get("library", {}).get("variants") or cfg.get("library", {}).get("blocks"):
+        return
+
+    trains = [zconfig.block_train_config(cfg, i) for i in range(int(cfg["boundary"]["num_blocks"]))]
+    copies = teacher_copies(resolve_boundaries(cfg["boundary"], n_layers), trains, mlp_width)
+    msg = (f"warning: block(s) {', '.join(map(str, copies))} keep every layer of their partition of the teacher's "
+           f"{n_layers}, with teacher init and its attention and MLP width: the student equals the teacher there "
+           "(loss 0, nothing to learn); keep fewer (train.keep_fraction, train.n_layers) or cut fewer blocks "
+           "(boundary.num_blocks)")
+    if copies and msg not in _WARNED:
+        _WARNED.add(msg)
+        print(msg, file=sys.stderr, flush=True)
 
 
 def check_mixers(cfg: dict[str, Any], model_type: str) -> None:

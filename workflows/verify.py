@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from tqdm import tqdm
+from zgcore.progress import LogLines, progress_bar
 
 from .verify_outputs import Item, Problem, task_outputs
 
@@ -61,12 +61,15 @@ CHECKERS: list[Checker] = [boundary_stores, task_outputs]  # task_outputs: every
 def verify(tasks: Sequence[ZGTask], checkers: Iterable[Checker] | None = None,
            bar: bool = True) -> tuple[list[Item], list[Problem]]:
     """Run every item of every checker (default :data:`CHECKERS`, read when called) over ``tasks``
-    under one progress bar (bytes).
+    under one progress display of bytes (:func:`zgcore.progress.progress_bar`: a bar on a terminal,
+    a few plain lines elsewhere; none when ``bar`` is false).
     Returns ``(items checked, problems)``; a problem is ``(damaged file, what is wrong and where it
     was moved)``."""
     items = [item for c in (CHECKERS if checkers is None else checkers) for item in c(tasks)]
     problems: list[Problem] = []
-    with tqdm(total=sum(i.nbytes for i in items), unit="B", unit_scale=True, desc="verify", disable=not bar) as pb:
+    total = sum(i.nbytes for i in items)
+    pb = progress_bar(total, "verify", "B", unit_scale=True) if bar else LogLines(total, interval_s=float("inf"))
+    with pb:
         for item in items:
             problems += item.check(pb.update)
     return items, problems

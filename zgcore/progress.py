@@ -49,11 +49,14 @@ class LogLines:
         total: units of work (steps, sequences, batches). desc: the line's prefix. unit: the unit's name.
         initial: units already done (a resumed run). interval_s: the least time between two lines.
         fraction: a line each time this share of ``total`` more is done. file: where lines go (stderr).
+        unit_scale: counts with SI prefixes (``1.23GB``), as tqdm's ``unit_scale``.
     """
 
     def __init__(self, total: int, desc: str = "", unit: str = "it", initial: int = 0,
-                 interval_s: float = LOG_INTERVAL_S, fraction: float = LOG_FRACTION, file: TextIO | None = None):
+                 interval_s: float = LOG_INTERVAL_S, fraction: float = LOG_FRACTION, file: TextIO | None = None,
+                 unit_scale: bool = False):
         self.total, self.desc, self.unit, self.n, self.initial = int(total), desc, unit, int(initial), int(initial)
+        self.unit_scale = bool(unit_scale)
         self.interval_s, self.file, self.postfix = float(interval_s), file, ""
         self.step = max(1, int(self.total * fraction))
         self.next = self.n + self.step
@@ -64,7 +67,8 @@ class LogLines:
     def line(self) -> str:
         """The current figures as tqdm formats them, without the bar."""
         return tqdm.format_meter(self.n, self.total, time.monotonic() - self.start, ncols=0, prefix=self.desc,
-                                 unit=self.unit, postfix=self.postfix or None, initial=self.initial)
+                                 unit=self.unit, postfix=self.postfix or None, initial=self.initial,
+                                 unit_scale=self.unit_scale)
 
     def _write(self) -> None:
         print(self.line(), file=self.file if self.file is not None else sys.stderr, flush=True)
@@ -96,14 +100,17 @@ class LogLines:
         self.close()
 
 
-def progress_bar(total: int, desc: str = "", unit: str = "it", initial: int = 0) -> tqdm | LogLines:
+def progress_bar(total: int, desc: str = "", unit: str = "it", initial: int = 0,
+                 unit_scale: bool = False) -> tqdm | LogLines:
     """A progress display for ``total`` units: a tqdm bar redrawn at most every
-    :data:`TERMINAL_INTERVAL_S` s on a terminal, else :class:`LogLines` (see the module docstring)."""
+    :data:`TERMINAL_INTERVAL_S` s on a terminal, else :class:`LogLines` (see the module docstring).
+    ``unit_scale``: counts with SI prefixes (bytes as ``1.23GB``)."""
     if os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes"):  # tqdm's own switch (the benchmarks set it)
-        return LogLines(total, desc, unit, initial, interval_s=math.inf)
+        return LogLines(total, desc, unit, initial, interval_s=math.inf, unit_scale=unit_scale)
     if on_terminal():
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, mininterval=TERMINAL_INTERVAL_S)
-    return LogLines(total, desc, unit, initial)
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, unit_scale=unit_scale,
+                    mininterval=TERMINAL_INTERVAL_S)
+    return LogLines(total, desc, unit, initial, unit_scale=unit_scale)
 
 
 def quiet_library_bars() -> None:

@@ -85,6 +85,13 @@ def p_text(p: float | None) -> str:
     return "< 0.001" if p < 0.001 else format(p, ".3g")
 
 
+def tested_p(c: Mapping[str, Any]) -> float | None:
+    """The p of comparison ``c`` that a report may print: None where no test applies, that is a
+    method comparison (unit ``run``) of one run per arm, which has no t test over runs (its
+    ``"p"`` is the sequence bootstrap of two fixed models)."""
+    return None if c.get("unit") == RUN and int(c.get("runs") or 0) < 2 else c.get("p")
+
+
 def runs_text(r: int) -> str:
     """``"1 run"``, ``"3 runs"``."""
     return f"{r} run" if r == 1 else f"{r} runs"
@@ -314,7 +321,8 @@ def _evidence(c: Mapping[str, Any]) -> str:
     if c.get("ci_holm") is not None:
         ev += f", Holm-adjusted CI {_ci(c['ci_holm'])}"
     if c.get("unit") == RUN:
-        p = f"; p {p_text(c.get('p'))}" + (f", Holm-adjusted {p_text(c['p_adjusted'])}" if c.get("p_adjusted") is not None else "")
+        p = (f"; p {p_text(tested_p(c))}" if tested_p(c) is not None else "; no test (one run per arm)") + (
+            f", Holm-adjusted {p_text(c['p_adjusted'])}" if c.get("p_adjusted") is not None else "")
         per = ", ".join(num(x, "+.4f") for x in c["per_seed"])
         return f"{ev}{p}; {runs_text(c['runs'])} ({per} per run) x {_units(c)}"
     return f"{ev}, one run each x {_units(c)} (fixed models)"
@@ -341,7 +349,7 @@ def markdown(comparisons: Sequence[Mapping[str, Any]]) -> str:
     where = any(c.get("held_out") for c in comparisons)
     rows = [([c.get("held_out") or "in-domain"] if where else []) + [
         c["a"], c["b"], c.get("unit", SEQUENCE), c.get("runs", len(c["seeds"])), num(c["mean_diff"], "+.4f"),
-        _ci(c["ci95"]), p_text(c.get("p")), _ci(c.get("ci_holm")), p_text(c.get("p_adjusted")),
+        _ci(c["ci95"]), p_text(tested_p(c)), _ci(c.get("ci_holm")), p_text(c.get("p_adjusted")),
         f"**{c['verdict']}**" + (f" ({c['why']})" if c.get("why") and c["why"] != CONTAINS_ZERO else ""),
         ", ".join(num(x, "+.4f") for x in c["per_seed"]) if len(c["per_seed"]) > 1 else "—",
         num(c.get("seed_std"), ".4f"), num(c.get("icc"), ".2f"), c["sequences"],
@@ -355,7 +363,8 @@ def markdown(comparisons: Sequence[Mapping[str, Any]]) -> str:
             "methods on this kind of text: runs and documents are both samples, each variance component counted once "
             "(crossed runs x documents); a t interval over runs (runs − 1 degrees of freedom), p from that t test, "
             "Holm-adjusted over the report's method comparisons (the family); CI (Holm) is the interval at the level "
-            f"Holm tests that comparison at. A verdict needs at least {MIN_RUNS} runs, an adjusted p below 0.05 and "
+            "Holm tests that comparison at. One run per arm has no t test: its p reads — and its interval is the "
+            f"sequence bootstrap of those two models. A verdict needs at least {MIN_RUNS} runs, an adjusted p below 0.05 and "
             "every run's difference on the verdict's side. ICC: how strongly each sequence's difference repeats "
             "across runs. Fixed-model comparisons (unit **sequence**: one run of each) are a paired percentile "
             "bootstrap over held-out documents (each with its sequences) from a fixed seed, unadjusted; they describe "

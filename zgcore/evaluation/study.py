@@ -167,12 +167,26 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
     comps = compare_arms(pairs, groups, groups=next((a.get("documents") for a in arms if a.get("scores") is not None), None))
     if any(r.get("teacher_note") for r in rows):  # a random teacher: a plumbing check, no verdict
         descriptive(comps)
-    return {"rows": rows, "identical": identical, "comparisons": comps}
+    out = {"rows": rows, "identical": identical, "comparisons": comps}
+    mixers = dict.fromkeys((b["mixer"], b.get("window")) for a in arms for b in a["report"]["blocks"]
+                           if b.get("mixer", "softmax") != "softmax")
+    if mixers:  # a conversion study: which mixer replaced the teacher's attention, over which window
+        out["conversion"] = "; ".join(f"mixer {m}" + (f", window {w} tokens" if w is not None else "") for m, w in mixers)
+    return out
 
 
 def study_markdown(study: dict[str, Any]) -> str:
-    """Render :func:`objective_study` as Markdown (the arms plot is linked as ``arms.png``)."""
-    lines = ["# ZeroGraph objective study", ""]
+    """Render :func:`objective_study` as Markdown (the arms plot is linked as ``arms.png``): the
+    objective study, or the conversion study when its students' blocks replace the teacher's
+    attention (``"conversion"``: the mixer and its window) or an arm transfers attention."""
+    conv = study.get("conversion") or (
+        "teacher attention" if any(r["objective"] == "attention_transfer" for r in study["rows"]) else None)
+    if conv:
+        lines = [f"# ZeroGraph conversion study: {conv}", "",
+                 f"Student blocks: {conv} in place of the teacher's attention (train.mixer, train.window), each "
+                 "arm starting from the teacher's projections.", ""]
+    else:
+        lines = ["# ZeroGraph objective study", ""]
     note = next((r["teacher_note"] for r in study["rows"] if r.get("teacher_note")), None)
     if note:
         lines += [f"**{DESCRIPTIVE}.** **{note}**", ""]

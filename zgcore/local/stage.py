@@ -309,6 +309,49 @@ def train_stage(j: int, spec: Mapping[str, Any], dev: torch.device) -> dict[str,
             "median_step_seconds": float(np.median(np.diff(ends))) if len(ends) > 1 else float("nan")}
 
 
+def _smoke(folder: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A training path's seconds-long run (:mod:`zgcore.training.paths`): the pipeline of
+    :func:`zgcore.local.training.smoke_setup`'s K = 2 model, its last stage (the one that receives
+    its input from another process) trained in this process and on this thread, so that the
+    contracts' shims see its loop, the upstream stage spawned as the pipeline spawns it. Checkpoints
+    land in ``folder / "work" / "stage1"``; returns the stage's measurements."""
+    import torch.multiprocessing as mp
+
+    from .config import steps_for
+    from .training import smoke_setup
+
+    lm, tokens, run, t = smoke_setup(settings, "pipeline")
+    work = folder / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    spec = {"setup": run, "train": dict(t), "tokens": tokens, "vocab_size": lm.model.config.vocab_size, "k": 2,
+            "steps": steps_for(t, tokens.shape[1]), "device": "cpu", "work": str(work), "store": str(work / "rendezvous"),
+            "run_hash": "smoke", "name": "local pipeline smoke", "parent": os.getpid(), "threads": 1}
+    upstream = mp.start_processes(run_stage, args=(spec,), nprocs=1, join=False, start_method="spawn")  # stage 0
+    ended = False
+    try:
+        dist.init_process_group("gloo", store=dist.FileStore(spec["store"], 2), rank=1, world_size=2)
+        result = train_stage(1, spec, torch.device("cpu"))
+        ended = True
+        return result
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for p in upstream.processes:  # after a failure here (the NaN contract) stage 0 waits for this one: end it
+            p.join(timeout=60 if ended else 0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _register() -> None:
+    from zgcore.training.paths import register_path
+
+    register_path("local/pipeline", __name__, _smoke)
+
+
+_register()
+
+
 def read_record(folder: Path, name: str) -> dict[str, Any] | None:
     """A stage's ``result.json`` or ``error.json`` in ``folder``, or ``None`` when it wrote none."""
     try:

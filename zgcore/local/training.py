@@ -172,8 +172,17 @@ def evaluate_local(lm: LocalLM, tokens: np.ndarray, batch_size: int = 16) -> dic
 
 
 def _smoke(folder: Path, settings: Mapping[str, Any], execution: str = "together") -> dict[str, Any]:
-    """A training path's seconds-long run (:mod:`zgcore.training.paths`): a K = 2 local-learning
-    Llama (4 layers of width 32, MLP aux heads) on 24 random sequences of 16 tokens."""
+    """A training path's seconds-long run (:mod:`zgcore.training.paths`): :func:`smoke_setup`'s model
+    and data, trained in this process."""
+    lm, data, _, t = smoke_setup(settings, execution)
+    return train_local(lm, data, t, work=folder / "work", run_hash="smoke")
+
+
+def smoke_setup(settings: Mapping[str, Any], execution: str = "together"):
+    """What a local-learning smoke run trains: ``(lm, tokens, run, t)``, a K = 2 local-learning Llama
+    (4 layers of width 32, MLP aux heads; vocabulary 50), 24 random sequences of 16 tokens (int64
+    ``[24, 16]``), its normalised configuration and train settings with the smoke's
+    ``log_every``/``checkpoint_every`` from ``settings`` (``max_steps`` sets the token budget)."""
     from .config import LOCAL_DEFAULTS, normalise_run
     from .model import build_local
 
@@ -186,7 +195,7 @@ def _smoke(folder: Path, settings: Mapping[str, Any], execution: str = "together
     run = normalise_run({"model": model, "train": train, "local": loc})
     t = {**run["train"], **{k: settings[k] for k in ("log_every", "checkpoint_every") if k in settings}}
     data = np.random.default_rng(1).integers(0, 50, size=(24, 16)).astype(np.int64)
-    return train_local(build_local(run, 50, 16), data, t, work=folder / "work", run_hash="smoke")
+    return build_local(run, 50, 16), data, run, t
 
 
 def _register() -> None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch loads where a model runs, not where a configuration is checked
+    import torch
+    from torch import nn
 
 from zgcore.checks import ConfigError
 
@@ -96,7 +97,7 @@ class FamilyAdapter:
             logits = logits / scaling
         cap = getattr(config, "final_logit_softcapping", None)
         if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
+            logits = (logits / cap).tanh() * cap
         return logits
 
 

@@ -3,7 +3,10 @@ layer's attention becomes one, and the one-line checks of a configuration that a
 
 The mixers themselves, both forms (parallel and recurrent), live in
 :mod:`zgcore.models.hf_converted_llama`, the file an exported converted student carries, so the
-trained block and the exported model run the same code. ``softmax`` keeps the family's own HF
+trained block and the exported model run the same code. This module names them without importing
+that file (torch and transformers load only where a model runs, not where a configuration is
+checked): :data:`MIXERS`, :data:`WINDOWED` and :data:`FEATURED` equal the exported file's own, which
+it must declare itself to load alone (``tests/test_mixers.py`` holds the two equal). ``softmax`` keeps the family's own HF
 attention untouched (today's students, byte for byte); every other mixer replaces a layer's
 ``self_attn`` by a :class:`~zgcore.models.hf_converted_llama.ZGMixer` that starts from the teacher's
 ``q/k/v/o`` projections and rotary positions.
@@ -13,17 +16,20 @@ arXiv:2402.04347), Puzzle (Bercovich et al. 2024, arXiv:2411.19146).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, Mapping
 
 from zgcore.checks import ConfigError
-from zgcore.models.hf_converted_llama import FEATURED, MIXERS, WINDOWED, ZGMixer
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["MIXERS", "WINDOWED", "FEATURED", "FAMILIES", "convert_layer", "own_keys", "check_family",
            "check_window", "layer_mixers", "is_converted"]
 
 DEFAULT = "softmax"
+MIXERS = ("softmax", "window", "linear", "linear_window", "none")
+WINDOWED = ("window", "linear_window")  # mixers that read the window
+FEATURED = ("linear", "linear_window")  # mixers with a learned feature map
 # families whose attention a ZGMixer reproduces (q/k/v/o projections, rotary, 1/sqrt(d) scaling, no
 # q/k norm, no soft-capping) and whose converted student the exported modelling code builds
 FAMILIES: dict[str, tuple[str, ...]] = {m: ("llama",) for m in MIXERS if m != DEFAULT}
@@ -38,6 +44,8 @@ def convert_layer(layer: nn.Module, config, mixer: str, window: int, layer_idx: 
     """
     if mixer == DEFAULT:
         return
+    from zgcore.models.hf_converted_llama import ZGMixer
+
     new = ZGMixer(config, layer_idx, mixer, window)
     old = layer.self_attn
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):

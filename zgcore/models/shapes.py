@@ -77,3 +77,15 @@ def check_one_width(blocks) -> None:
     if len(widths) > 1:
         raise ConfigError("the end-to-end arm trains one student with one MLP width: set one "
                           f"train.intermediate_size for every block (got {sorted(map(str, widths))})")
+
+
+def teacher_copies(bounds: list[int], trains: list[Mapping[str, Any]], mlp_width: int | None = None) -> list[int]:
+    """The blocks whose student starts as its partition's teacher layers unchanged: every layer kept
+    (:func:`n_kept`), ``init="teacher"``, the teacher's attention (``mixer="softmax"``), MLP width
+    (``intermediate_size`` None or ``mlp_width``) and key-value heads. Such a block regresses the
+    teacher onto itself (a clean-target loss of 0 from the first step); ``bounds``: the boundaries
+    (:func:`resolve_boundaries`), ``trains``: each block's train settings."""
+    return [i for i, t in enumerate(trains)
+            if n_kept(bounds[i], bounds[i + 1], t) == bounds[i + 1] - bounds[i] and t.get("init") == "teacher"
+            and t.get("mixer", "softmax") == "softmax" and t.get("intermediate_size") in (None, mlp_width)
+            and t.get("kv_heads") is None]

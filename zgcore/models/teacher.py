@@ -59,6 +59,10 @@ _TINY_EXTRA = {
 }
 
 
+# each tiny family's HF model_type; tests/test_startup_and_clean.py holds describe() equal to tiny_config()'s
+TINY_MODEL_TYPES = {**{f: f for f in TINY_FAMILIES.values()}, "llama3": "llama", "gemma3": "gemma3_text"}
+
+
 @dataclass(frozen=True)
 class TeacherInfo:
     """What is known of a teacher without loading its weights.
@@ -90,16 +94,16 @@ def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
     """
     if spec == "smollm2-135m":
         return TeacherInfo(spec, "llama", 30, 576, 8192, 1536)
-    if spec in TINY_FAMILIES:
-        cfg = tiny_config(TINY_FAMILIES[spec])
-    else:
-        cfg = _load_config(spec)
+    if spec in TINY_FAMILIES:  # known without building the config: transformers loads only where a model runs
+        family = TINY_FAMILIES[spec]
+        return TeacherInfo(spec, TINY_MODEL_TYPES[family], 4, 32, 128, 4 * 32 if family == "gpt2" else 2 * 32)
+    cfg = _load_config(spec)
     model_type = getattr(cfg, "model_type", None)
     if model_type not in SUPPORTED_FAMILIES:
         raise ConfigError(f"teacher {spec!r} has architecture {model_type!r}; supported: {', '.join(SUPPORTED_FAMILIES)} "
                           "(decoder-only causal LMs: Llama 1-3, Mistral, Qwen2/3, Gemma 2/3, Phi-3, OLMo-2, Granite, GPT-2)")
     folder = Path(os.path.expanduser(spec))
-    if spec not in TINY_FAMILIES and folder.is_dir():
+    if folder.is_dir():
         check_folder(folder)  # weights and tokenizer are there: PrepareCorpus and TeacherBoundary need both
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
     max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions")
