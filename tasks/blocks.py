@@ -21,7 +21,7 @@ from zgcore.training.memory import PeakRSS
 
 from . import search
 from .base import HIDDEN
-from .cache import TeacherBoundary, cache_settings
+from .cache import TeacherBoundary, cache_settings, codec_settings
 from .teacher import PrepareCorpus, _TeacherTask, teacher_record
 from .work import Resumable
 
@@ -139,7 +139,7 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         if self.train["targets"] == "online":  # the teacher up to this block's output boundary only
             teacher = load_base(rec, end, self.boundary["teacher_dtype"], self.device)
             source = boundary_store.OnlineBoundaries(teacher, tokens, [start, end], self.boundary["dtype"],
-                                                     int(self.boundary["batch_size"]))
+                                                     int(self.boundary["batch_size"]), codec_settings(self.boundary))
         else:
             source = boundary_store.BoundaryReader(self.requires()["cache"].out_dir)
         seq_len, width = int(self.corpus["seq_len"]), block.body.config.hidden_size
@@ -229,7 +229,8 @@ class ScoreBlock(_TeacherTask):
             val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
             source = boundary_store.OnlineBoundaries(load_base(rec, meta["end"], self.boundary["teacher_dtype"], self.device),
                                                      val[search.tune_rows(len(val), tune, who)], [meta["start"], meta["end"]],
-                                                     self.boundary["dtype"], int(self.boundary["batch_size"]))
+                                                     self.boundary["dtype"], int(self.boundary["batch_size"]),
+                                                     codec_settings(self.boundary))
             rows = None  # the source holds the tuning rows only
         else:
             source = boundary_store.BoundaryReader(req["cache"].out_dir)
