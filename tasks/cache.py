@@ -28,11 +28,10 @@ SHARD_METRICS = "metrics.json"  # in each BoundaryShard folder: its seconds, FLO
 def cache_settings(boundary) -> dict[str, Any]:
     """The boundary settings that change what the cache holds (``shard_sequences`` only changes
     how its build is split over tasks: the bytes are identical, so it is never hashed; ``codec`` and
-    ``codec_keep`` only where they change the bytes: not at codec ``"none"``, ``codec_keep`` not for fp8)."""
+    ``codec_keep`` only where they change the bytes: not at codec ``"none"``)."""
     out = {k: v for k, v in canonical(boundary).items() if k != "shard_sequences"}
     if out.get("codec", "none") == "none":
         out.pop("codec", None)
-    if out.get("codec") not in ("int8", "int4"):
         out.pop("codec_keep", None)
     return out
 

@@ -71,10 +71,11 @@ DEFAULTS: dict[str, Any] = {
         "shard_sequences": 1024,
         "teacher_dtype": "float32",  # dtype the teacher is loaded and run in (cache build, online targets)
         # how the store codes each boundary (zgcore.data.boundary_store.codec, docs/storage.md): none (dtype as it
-        # is), fp8 (e4m3, per-channel scales), int8 (per-token scales, codec_keep channels in bfloat16) or int4
-        # (randomized Hadamard, per-token scales, codec_keep channels in bfloat16); hashed only when not none
+        # is), or position 0 and codec_keep channels in bfloat16 and the rest, with one scale per token, as fp8
+        # (e4m3, 8.4 bits/element at SmolLM2's shape), int8 (8.4) or int4 (randomized Hadamard first, 4.4);
+        # hashed only when not none
         "codec": "none",
-        "codec_keep": 8,  # int8 / int4: channels of largest RMS kept in bfloat16 per sequence; hashed only for those
+        "codec_keep": 8,  # channels of largest RMS kept in bfloat16 per sequence by a codec; hashed only with one
     },
     "train": {
         "objective": "clean",  # clean | noisy | denoise | attention_transfer (a converted mixer first matches the teacher's attention); the local objective (zgcore.training.objectives registry): what a block sees and must output

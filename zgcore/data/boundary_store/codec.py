@@ -4,16 +4,17 @@
 Every codec stores one sequence ``h`` ``[seq_len, hidden]`` as one byte string (a row of dataset ``h``,
 uint8 ``[rows, sequence_bytes]``): the codes and every scale side by side, so the store's xxh3_64 per
 sequence covers both, and a read moves the encoded bytes only. All three keep position 0 (the attention
-sink, whose values sit far above the rest; Sun et al. 2024, arXiv 2402.17762) in bfloat16 and code
-positions ``1 .. seq_len - 1``:
+sink, whose values sit far above the rest; Sun et al. 2024, arXiv 2402.17762) in bfloat16, and the ``keep``
+channels of largest RMS over the sequence's positions >= 1 (the massive channels) in bfloat16 with their
+indices; the rest of positions ``1 .. seq_len - 1`` is coded with one float32 scale per token (its absolute
+maximum mapped to the code's largest value; per-token against per-channel and per-block scales:
+docs/storage.md):
 
-* ``fp8``: float8 e4m3 with one float32 scale per channel (its absolute maximum over the sequence's
-  positions >= 1, mapped to 448), so a massive channel has its own range;
-* ``int8``: the ``keep`` channels of largest RMS over the sequence kept in bfloat16 (their indices stored),
-  the rest symmetric int8 with one float32 scale per token;
-* ``int4``: the same kept channels, the rest rotated by a fixed seeded randomized Hadamard transform
-  (random signs, then Walsh-Hadamard over blocks of the largest power of two dividing ``hidden``, at most
-  256; QuaRot, arXiv 2404.00456), then symmetric int4 (-7..7, two per byte) with one float32 scale per token.
+* ``fp8``: float8 e4m3 (largest 448);
+* ``int8``: symmetric int8 (-127..127);
+* ``int4``: rotated by a fixed seeded randomized Hadamard transform first (random signs, then Walsh-Hadamard
+  over blocks of the largest power of two dividing ``hidden``, at most 256; QuaRot, arXiv 2404.00456), then
+  symmetric int4 (-7..7, two per byte).
 
 Encoding and decoding are elementwise or per sequence (no matrix product whose rounding could depend on
 the batch), so a sequence's bytes and its decoded values never depend on the batch it came in: online
@@ -29,11 +30,11 @@ import numpy as np
 import torch
 
 NAMES = ("none", "fp8", "int8", "int4")
-DEFAULT_KEEP = 8  # boundary.codec_keep: channels kept in bfloat16 by int8 / int4
+DEFAULT_KEEP = 8  # boundary.codec_keep: channels kept in bfloat16
 ROTATION_SEED = 20240417  # the int4 codec's random signs (fixed: part of the format, never configured)
 MAX_ROTATION_BLOCK = 256
 FP8_MAX = 448.0  # float8 e4m3fn's largest finite value
-INT_MAX = {"int8": 127, "int4": 7}
+CODE_MAX = {"fp8": FP8_MAX, "int8": 127, "int4": 7}
 
 
 def rotation_block(hidden: int) -> int:
@@ -61,12 +62,17 @@ def hadamard(x: torch.Tensor, block: int) -> torch.Tensor:
     return (y.reshape(shape) * (1.0 / math.sqrt(block)))
 
 
+def _hadamard_matrix(block: int, device) -> torch.Tensor:
+    """The orthonormal Walsh-Hadamard matrix of ``block`` (float32, symmetric: :func:`hadamard` of the identity)."""
+    return hadamard(torch.eye(block, device=device), block)
+
+
 @dataclass(frozen=True)
 class Codec:
     """One codec over sequences of ``seq_len`` tokens of ``hidden`` channels.
 
     Attributes:
-        name: one of :data:`NAMES` other than ``"none"``. keep: channels kept in bfloat16 (int8, int4).
+        name: one of :data:`NAMES` other than ``"none"``. keep: channels kept in bfloat16.
     """
 
     name: str
@@ -80,14 +86,11 @@ class Codec:
             raise ValueError(f"boundary.codec must be one of {', '.join(NAMES)}, got {self.name!r}")
         if self.seq_len < 2 or self.hidden < 2 or self.hidden % 2:
             raise ValueError(f"a boundary codec needs seq_len >= 2 and an even hidden size, got {self.seq_len}, {self.hidden}")
-        if self.name == "fp8" and self.keep:
-            object.__setattr__(self, "keep", 0)
         if not 0 <= self.keep < self.hidden:
             raise ValueError(f"boundary.codec_keep must be in 0..{self.hidden - 1}, got {self.keep}")
         t, h, k = self.seq_len - 1, self.hidden, self.keep
         code = h if self.name in ("fp8", "int8") else h // 2
-        scales = h if self.name == "fp8" else t
-        parts = [("pos0", 2 * h), ("scale", 4 * scales), ("idx", 2 * k), ("kept", 2 * t * k), ("codes", t * code)]
+        parts = [("pos0", 2 * h), ("scale", 4 * t), ("idx", 2 * k), ("kept", 2 * t * k), ("codes", t * code)]
         off, sections = 0, {}
         for name, n in parts:
             sections[name] = (off, n)
@@ -133,16 +136,14 @@ class Codec:
             parts["idx"] = _bytes(idx.to(torch.int16))
             parts["kept"] = _bytes(rest.gather(2, gi).bfloat16())
             rest = rest.scatter(2, gi, 0.0)
+        if self.name == "int4":
+            rest = hadamard(rest * _signs(self.hidden, rest.device), rotation_block(self.hidden))
+        q = CODE_MAX[self.name]
+        amax = rest.abs().amax(2)  # [n, t]: one scale per token
+        scale = torch.where(amax > 0, amax / q, torch.ones_like(amax))
         if self.name == "fp8":
-            amax = rest.abs().amax(1)  # [n, hidden]
-            scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-            codes = (rest / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+            codes = (rest / scale[..., None]).clamp(-q, q).to(torch.float8_e4m3fn).view(torch.uint8)
         else:
-            if self.name == "int4":
-                rest = hadamard(rest * _signs(self.hidden, rest.device), rotation_block(self.hidden))
-            q = INT_MAX[self.name]
-            amax = rest.abs().amax(2)  # [n, t]
-            scale = torch.where(amax > 0, amax / q, torch.ones_like(amax))
             codes = torch.round(rest / scale[..., None]).clamp(-q, q)
             if self.name == "int8":
                 codes = codes.to(torch.int8).view(torch.uint8)
@@ -170,14 +171,20 @@ class Codec:
         off, size = self.sections["codes"]
         codes = b[:, off: off + size].reshape(n, t, -1)
         rest = out[:, 1:]
-        if self.name == "fp8":
-            torch.mul(codes.view(torch.float8_e4m3fn).float(), scale.view(n, 1, hdim), out=rest)
+        if self.name == "fp8":  # e4m3's bits as float16's (exponent bias 15, not 7): 2^-8 times the value, exactly
+            bits = (codes & 0x7F).to(torch.int16).mul_(128).add_((codes & 0x80).to(torch.int16).mul_(256))
+            # bitwise fp8.float() * scale (256 * scale is exact), at 2-4x the speed of torch's float8 conversion
+            torch.mul(bits.view(torch.float16), scale.view(n, t, 1) * 256.0, out=rest)
         elif self.name == "int8":
             torch.mul(codes.view(torch.int8), scale.view(n, t, 1), out=rest)
         else:
-            q = torch.stack((codes & 15, codes >> 4), dim=3).view(n, t, hdim).to(torch.float32).sub_(8.0)
-            q.mul_(scale.view(n, t, 1))
-            torch.mul(hadamard(q, rotation_block(hdim)), _signs(hdim, b.device), out=rest)
+            q = torch.empty(n, t, hdim // 2, 2, dtype=torch.int8, device=b.device)
+            torch.bitwise_and(codes, 15, out=q[..., 0])
+            torch.bitwise_right_shift(codes, 4, out=q[..., 1])
+            y = torch.mul(q.view(n, t, hdim).sub_(8), scale.view(n, t, 1))
+            blk = rotation_block(hdim)  # the inverse rotation as one matrix product per block (the same shapes
+            # whichever way the batch came, cached or online, so the same bits)
+            torch.mul((y.view(-1, blk) @ _hadamard_matrix(blk, b.device)).view(n, t, hdim), _signs(hdim, b.device), out=rest)
         if self.keep:
             idx = self._part(b, "idx", torch.int16).view(n, 1, self.keep).long().expand(n, t, self.keep)
             rest.scatter_(2, idx, self._part(b, "kept", torch.bfloat16).view(n, t, self.keep).float())
@@ -190,8 +197,8 @@ class Codec:
     def bound(self, h: torch.Tensor) -> torch.Tensor:
         """The codec's stated error bound: the largest ``|decode(encode(h)) - h|`` it allows per element,
         float32 ``[n, seq_len, hidden]``, for ``h`` float32 ``[n, seq_len, hidden]``: bfloat16's half step
-        ``2^-8 |x|`` for position 0 and the kept channels; fp8, ``2^-4 |x| + 2^-10 s_c`` (e4m3's half step,
-        normal and subnormal, at channel scale ``s_c``); int8, ``s_t / 2``; int4, ``sqrt(B) s_t / 2`` (block
+        ``2^-8 |x|`` for position 0 and the kept channels; fp8, ``2^-4 |x| + 2^-10 s_t`` (e4m3's half step,
+        normal and subnormal, at token scale ``s_t``); int8, ``s_t / 2``; int4, ``sqrt(B) s_t / 2`` (block
         ``B``: the rotation spreads each rotated code's error over ``B`` channels); plus ``1e-6 |x|`` of
         float32 arithmetic."""
         _, scale = self.encode(h)
@@ -199,7 +206,7 @@ class Codec:
         tol = h.abs() * 2.0 ** -8
         rest = h[:, 1:].abs()
         if self.name == "fp8":
-            r = rest * 2.0 ** -4 + scale[:, None] * 2.0 ** -10
+            r = rest * 2.0 ** -4 + scale[..., None] * 2.0 ** -10
         elif self.name == "int8":
             r = (scale / 2)[..., None].expand_as(rest)
         else:
@@ -222,7 +229,7 @@ def make(name: str | None, seq_len: int, hidden: int, keep: int = DEFAULT_KEEP) 
     store's plain float32 / 16-bit path). Raises ``ValueError`` for an unknown name or a bad ``keep``."""
     if name in (None, "none"):
         return None
-    return Codec(str(name), int(seq_len), int(hidden), int(keep) if name in ("int8", "int4") else 0)
+    return Codec(str(name), int(seq_len), int(hidden), int(keep))
 
 
 def from_record(rec: Mapping[str, Any] | None, seq_len: int, hidden: int) -> Codec | None:
