@@ -13,6 +13,7 @@ from tests.conftest import tiny_cfg
 from zgcore.data.boundary_store import BoundaryReader, BoundaryStoreError, join_shards, write_shard
 from zgcore.data.boundary_store.codec import NAMES, Codec, make
 from zgcore.data.boundary_store.integrity import check_store
+from zgcore.data.feed import stored_batch_bytes
 from zgcore.models.teacher import load, materialise
 
 CODECS = NAMES[1:]
@@ -94,6 +95,10 @@ def test_a_channel_at_1e4_times_the_others_is_kept_and_the_rest_stay_within_boun
     c = make(name, 16, 64, keep=4)
     with BoundaryReader(path) as r:
         assert r.manifest["format_version"] == 7 and r.manifest["codec"]["name"] == name
+        # the bytes a shard's open hashes are those outside the sequence data, as for format 6 (open-time cost
+        # independent of the store's size); the feed sizes a batch by the encoded bytes
+        assert [sh["files"]["b0"]["data"][1] for sh in r.manifest["shards"]] == [4 * c.sequence_bytes, 2 * c.sequence_bytes]
+        assert stored_batch_bytes(r, 2, 2) == 4 * c.sequence_bytes
         x = r.read("train", 0, np.arange(6))
         assert x.dtype == torch.uint8 and torch.equal(x, c.encode(h)[0])  # the reader moves the encoded bytes
         d = r.widen(x)
