@@ -15,6 +15,7 @@ Printed, every figure a ratio of two things measured in this run:
    decode), and the decode's share of a training step of a default-experiment block (8 of 10 layers, fwd+bwd)
    at the same batch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from zgcore.data.boundary_store import BoundaryReader, join_shards, write_shard
-from zgcore.data.boundary_store.codec import FP8_MAX, hadamard, make, rotation_block, _signs
+from zgcore.data.boundary_store.codec import FP8_MAX, _signs, hadamard, make, rotation_block
 from zgcore.models.adapters import build_block, capture_boundaries
 
 from .common import load_teacher, log, token_rows
@@ -41,9 +42,17 @@ def random_smollm2():
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                      num_key_value_heads=3, vocab_size=260, max_position_embeddings=2048, rms_norm_eps=1e-5,
-                      tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=260,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    )
     return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
 
 
@@ -96,8 +105,15 @@ def granularity(caps: dict[int, torch.Tensor]) -> list[dict]:
                     q = quantize(x, kind, gran, keep)
                     errs.append(rel(q, x))
                     massive.append(rel(q[..., top], x[..., top]))
-                rows.append({"kind": kind, "keep": keep, "scale": gran, "rel_mse": float(np.mean(errs)),
-                             "massive_rel_mse": float(np.mean(massive))})
+                rows.append(
+                    {
+                        "kind": kind,
+                        "keep": keep,
+                        "scale": gran,
+                        "rel_mse": float(np.mean(errs)),
+                        "massive_rel_mse": float(np.mean(massive)),
+                    }
+                )
     return rows
 
 
@@ -110,13 +126,24 @@ def build(folder: Path, teacher, caps, rows, spec) -> tuple[Path, float]:
     k = [0]
 
     def replay(ids):
-        out = {b: h[k[0]: k[0] + len(ids)] for b, h in caps.items()}
+        out = {b: h[k[0] : k[0] + len(ids)] for b, h in caps.items()}
         k[0] += len(ids)
         return out
 
     t0 = time.perf_counter()
-    write_shard(sd, teacher, rows, "train", 0, list(caps), dtype, 8, {}, capture=replay,
-                codec=None if name == "none" else {"name": name, "keep": MASSIVE})
+    write_shard(
+        sd,
+        teacher,
+        rows,
+        "train",
+        0,
+        list(caps),
+        dtype,
+        8,
+        {},
+        capture=replay,
+        codec=None if name == "none" else {"name": name, "keep": MASSIVE},
+    )
     seconds = time.perf_counter() - t0
     join_shards(folder, [sd], {"train": len(rows), "val": 0}, {})
     return folder, seconds
@@ -173,12 +200,18 @@ def main(argv=None) -> dict:
     capture_boundaries(teacher, ids[:1], BOUNDARIES)  # warm-up
     t0, caps = time.perf_counter(), {b: [] for b in BOUNDARIES}
     for lo in range(0, len(ids), 8):
-        for b, h in capture_boundaries(teacher, ids[lo: lo + 8], BOUNDARIES).items():
+        for b, h in capture_boundaries(teacher, ids[lo : lo + 8], BOUNDARIES).items():
             caps[b].append(h)
     forward_s = time.perf_counter() - t0
     caps = {b: torch.cat(v) for b, v in caps.items()}
-    out = {"teacher": a.teacher, "sequences": a.sequences, "seq_len": a.seq_len, "forward_s": forward_s,
-           "granularity": granularity(caps), "codecs": []}
+    out = {
+        "teacher": a.teacher,
+        "sequences": a.sequences,
+        "seq_len": a.seq_len,
+        "forward_s": forward_s,
+        "granularity": granularity(caps),
+        "codecs": [],
+    }
     print("\nscale granularity (positions >= 1, boundaries 10/20/30): relative MSE, massive channels' relative MSE")
     for r in out["granularity"]:
         print(f"  {r['kind']:5s} keep {r['keep']}  per-{r['scale']:8s} {r['rel_mse']:.2e}  {r['massive_rel_mse']:.2e}")
@@ -186,13 +219,18 @@ def main(argv=None) -> dict:
     x_step = caps[0][: a.batch].clone()
     step_s = step_seconds(teacher, x_step, caps[10][: a.batch], a.repeats)
     with tempfile.TemporaryDirectory() as d:
-        for spec in (("float32", "none"), ("bfloat16", "none"), ("float32", "fp8"), ("float32", "int8"),
-                     ("float32", "int4")):
+        for spec in (
+            ("float32", "none"),
+            ("bfloat16", "none"),
+            ("float32", "fp8"),
+            ("float32", "int8"),
+            ("float32", "int4"),
+        ):
             path, write_s = build(Path(d) / "-".join(spec), teacher, caps, rows, spec)
             with BoundaryReader(path) as r:
                 got = {b: r.widen(r.read("train", b, np.arange(a.sequences))) for b in BOUNDARIES}
                 codes = r.read("train", 10, np.arange(a.batch)).clone()
-                decode = (lambda t, r=r: r.widen(t))
+                decode = lambda t, r=r: r.widen(t)
                 best = float("inf")
                 for _ in range(a.repeats):
                     t0 = time.perf_counter()
@@ -204,27 +242,49 @@ def main(argv=None) -> dict:
             for b in BOUNDARIES:
                 x, g = caps[b][:, 1:], got[b][:, 1:]
                 top = x.pow(2).mean((0, 1)).topk(MASSIVE).indices
-                errs[b] = {"rel_mse": rel(g, x), "massive_rel_mse": rel(g[..., top], x[..., top]),
-                           "pos0_rel_mse": rel(got[b][:, 0], caps[b][:, 0])}
+                errs[b] = {
+                    "rel_mse": rel(g, x),
+                    "massive_rel_mse": rel(g[..., top], x[..., top]),
+                    "pos0_rel_mse": rel(got[b][:, 0], caps[b][:, 0]),
+                }
             rate = reader_rate(path, 10, a.sequences, a.batch, a.repeats, decode=False)
             rate_dec = reader_rate(path, 10, a.sequences, a.batch, a.repeats, decode=True)
             if spec[0] == "bfloat16":
                 bf16_rate = (rate, rate_dec)
-            out["codecs"].append({"codec": spec[1] if spec[1] != "none" else f"none ({spec[0]})", "bits": bits,
-                                  "storage_vs_float32": bits / 32, "build_vs_forward": (forward_s + write_s) / forward_s,
-                                  "errors": errs, "read_elems_s": rate, "read_decode_elems_s": rate_dec,
-                                  "decode_share_of_step": best / step_s})
-    print(f"\nper codec (a step of 8 layers at {a.batch} x {a.seq_len} tokens: {step_s:.2f} s; forward alone "
-          f"{forward_s:.1f} s)")
-    print("  codec            bits  vs fp32  build/fwd  rel MSE b10/b20/b30            massive b10/b20/b30           "
-          "read/bf16  read+decode/bf16  decode/step")
+            out["codecs"].append(
+                {
+                    "codec": spec[1] if spec[1] != "none" else f"none ({spec[0]})",
+                    "bits": bits,
+                    "storage_vs_float32": bits / 32,
+                    "build_vs_forward": (forward_s + write_s) / forward_s,
+                    "errors": errs,
+                    "read_elems_s": rate,
+                    "read_decode_elems_s": rate_dec,
+                    "decode_share_of_step": best / step_s,
+                }
+            )
+    print(
+        f"\nper codec (a step of 8 layers at {a.batch} x {a.seq_len} tokens: {step_s:.2f} s; forward alone "
+        f"{forward_s:.1f} s)"
+    )
+    print(
+        "  codec            bits  vs fp32  build/fwd  rel MSE b10/b20/b30            massive b10/b20/b30           "
+        "read/bf16  read+decode/bf16  decode/step"
+    )
     for r in out["codecs"]:
-        r["read_vs_bf16"], r["read_decode_vs_bf16"] = r["read_elems_s"] / bf16_rate[0], r["read_decode_elems_s"] / bf16_rate[1]
+        r["read_vs_bf16"], r["read_decode_vs_bf16"] = (
+            r["read_elems_s"] / bf16_rate[0],
+            r["read_decode_elems_s"] / bf16_rate[1],
+        )
         e = r["errors"]
-        print(f"  {r['codec']:15s} {r['bits']:5.2f}  {r['storage_vs_float32']:.3f}    {r['build_vs_forward']:.3f}    "
-              + " ".join(f"{e[b]['rel_mse']:.1e}" for b in BOUNDARIES[1:]) + "    "
-              + " ".join(f"{e[b]['massive_rel_mse']:.1e}" for b in BOUNDARIES[1:])
-              + f"      {r['read_vs_bf16']:.2f}      {r['read_decode_vs_bf16']:.2f}          {100 * r['decode_share_of_step']:.2f}%")
+        print(
+            f"  {r['codec']:15s} {r['bits']:5.2f}  {r['storage_vs_float32']:.3f}    {r['build_vs_forward']:.3f}    "
+            + " ".join(f"{e[b]['rel_mse']:.1e}" for b in BOUNDARIES[1:])
+            + "    "
+            + " ".join(f"{e[b]['massive_rel_mse']:.1e}" for b in BOUNDARIES[1:])
+            + f"      {r['read_vs_bf16']:.2f}      {r['read_decode_vs_bf16']:.2f}"
+            + f"          {100 * r['decode_share_of_step']:.2f}%"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return out

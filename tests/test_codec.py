@@ -1,6 +1,7 @@
 """Boundary codecs (boundary.codec): each round-trips within its stated bound, keeps a massive channel, reads
 back through the store bitwise as encoded, is covered by the store's checksums, and gives online targets
 bitwise equal to cached ones."""
+
 import json
 from pathlib import Path
 
@@ -51,14 +52,18 @@ def test_each_codec_round_trips_within_its_stated_bound_at_its_stated_bits(name)
     assert torch.equal(c.encode(h[1:2])[0], codes[1:2]) and torch.equal(c.decode(codes[1:2]), d[1:2])
     # the bound is tight enough to fail: one token's codes all at the codec's largest code break it
     bad, (off, size) = codes.clone(), c.sections["codes"]
-    bad[:, off: off + size // 15] = {"fp8": 0x7E, "int8": 0x7F, "int4": 0xFF}[name]
+    bad[:, off : off + size // 15] = {"fp8": 0x7E, "int8": 0x7F, "int4": 0xFF}[name]
     assert not bool(((c.decode(bad) - h).abs() <= c.bound(h)).all())
 
 
 def test_the_bits_per_element_at_smollm2s_shape():
     bits = {n: make(n, 256, 576).bits for n in CODECS}
     # codes, position 0, one scale per token, 8 kept channels and their indices
-    assert bits["fp8"] == bits["int8"] == pytest.approx((255 * 576 + 2 * 576 + 4 * 255 + 2 * 8 * 255 + 2 * 8) * 8 / (256 * 576))
+    assert (
+        bits["fp8"]
+        == bits["int8"]
+        == pytest.approx((255 * 576 + 2 * 576 + 4 * 255 + 2 * 8 * 255 + 2 * 8) * 8 / (256 * 576))
+    )
     assert 8 < bits["int8"] < 8.5 and 4 < bits["int4"] < 4.5
     with pytest.raises(ValueError, match="boundary.codec_keep"):
         make("int8", 16, 64, keep=64)
@@ -73,17 +78,28 @@ def synthetic_store(tmp_path, name, h, rows=4):
     for lo in range(0, len(h), rows):
         sd = tmp_path / "store" / f"train-{lo:08d}"
         sd.mkdir(parents=True)
-        chunk = h[lo: lo + rows]
-        write_shard(sd, model, np.zeros((len(chunk), h.shape[1]), np.int32), "train", lo, [0, 1], "float32", 2, {},
-                    capture=lambda ids, chunk=chunk, k=[0]: _batches(chunk, ids, k), width=h.shape[2],
-                    codec={"name": name, "keep": 4})
+        chunk = h[lo : lo + rows]
+        write_shard(
+            sd,
+            model,
+            np.zeros((len(chunk), h.shape[1]), np.int32),
+            "train",
+            lo,
+            [0, 1],
+            "float32",
+            2,
+            {},
+            capture=lambda ids, chunk=chunk, k=[0]: _batches(chunk, ids, k),
+            width=h.shape[2],
+            codec={"name": name, "keep": 4},
+        )
         shards.append(sd)
     join_shards(tmp_path / "store", shards, {"train": len(h), "val": 0}, {})
     return tmp_path / "store"
 
 
 def _batches(chunk, ids, k):
-    out = chunk[k[0]: k[0] + len(ids)]
+    out = chunk[k[0] : k[0] + len(ids)]
     k[0] += len(ids)
     return {0: out, 1: out * 2}
 
@@ -97,7 +113,10 @@ def test_a_channel_at_1e4_times_the_others_is_kept_and_the_rest_stay_within_boun
         assert r.manifest["format_version"] == 7 and r.manifest["codec"]["name"] == name
         # the bytes a shard's open hashes are those outside the sequence data, as for format 6 (open-time cost
         # independent of the store's size); the feed sizes a batch by the encoded bytes
-        assert [sh["files"]["b0"]["data"][1] for sh in r.manifest["shards"]] == [4 * c.sequence_bytes, 2 * c.sequence_bytes]
+        assert [sh["files"]["b0"]["data"][1] for sh in r.manifest["shards"]] == [
+            4 * c.sequence_bytes,
+            2 * c.sequence_bytes,
+        ]
         assert stored_batch_bytes(r, 2, 2) == 4 * c.sequence_bytes
         x = r.read("train", 0, np.arange(6))
         assert x.dtype == torch.uint8 and torch.equal(x, c.encode(h)[0])  # the reader moves the encoded bytes
@@ -106,7 +125,7 @@ def test_a_channel_at_1e4_times_the_others_is_kept_and_the_rest_stay_within_boun
     err = (d - h).abs()
     assert bool((err <= c.bound(h)).all())
     massive = err[:, 1:, 5] / h[:, 1:, 5].abs()
-    assert float(massive.max()) <= 2.0 ** -8  # kept in bfloat16
+    assert float(massive.max()) <= 2.0**-8  # kept in bfloat16
     rest = [i for i in range(64) if i != 5]
     assert rel_mse(d[:, 1:, rest], h[:, 1:, rest]) < REL_MSE[name]
     # the store's statistics are those of the decoded values (what online targets compute too)
@@ -150,9 +169,17 @@ def test_cached_and_online_blocks_are_byte_identical_for_every_codec(name, tmp_p
 
     files = {}
     for targets in ("cached", "online"):
-        cfg = load_config("", tiny_cfg(**{"train.targets": targets, "boundary.codec": name, "train.max_steps": 3}), "tiny")
-        task = TrainBlock(teacher=cfg["teacher"], corpus=cfg["corpus"], boundary=cfg["boundary"], block=1,
-                          train=block_settings(cfg)[1], outputs=str(tmp_path))
+        cfg = load_config(
+            "", tiny_cfg(**{"train.targets": targets, "boundary.codec": name, "train.max_steps": 3}), "tiny"
+        )
+        task = TrainBlock(
+            teacher=cfg["teacher"],
+            corpus=cfg["corpus"],
+            boundary=cfg["boundary"],
+            block=1,
+            train=block_settings(cfg)[1],
+            outputs=str(tmp_path),
+        )
         ok, ran = run_graph(task)
         assert ok and ("TeacherBoundary" in [f for f, _ in ran]) == (targets == "cached")
         files[targets] = (task.out_dir / "block.safetensors").read_bytes()
@@ -171,17 +198,20 @@ def test_the_codec_enters_the_hash_only_when_not_none():
     b = dict(cfg["boundary"])
     assert "codec" not in cache_settings(b) and "codec_keep" not in cache_settings(b)
     old = {k: v for k, v in b.items() if k not in ("codec", "codec_keep")}
-    kw = dict(teacher=cfg["teacher"], corpus=cfg["corpus"])
+    kw = {"teacher": cfg["teacher"], "corpus": cfg["corpus"]}
     assert TeacherBoundary(boundary=b, **kw).uid == TeacherBoundary(boundary=old, **kw).uid
-    assert cache_settings({**b, "codec": "fp8"})["codec"] == "fp8" and cache_settings({**b, "codec": "fp8"})["codec_keep"] == 8
+    assert (
+        cache_settings({**b, "codec": "fp8"})["codec"] == "fp8"
+        and cache_settings({**b, "codec": "fp8"})["codec_keep"] == 8
+    )
     assert cache_settings({**b, "codec": "int4", "codec_keep": 2})["codec_keep"] == 2
     uids = {TeacherBoundary(boundary={**b, "codec": n}, **kw).uid for n in NAMES}
     assert len(uids) == 4
 
 
 def test_a_bad_codec_setting_is_one_config_error():
-    from zgcore.checks import ConfigError
     from workflows import load_config
+    from zgcore.checks import ConfigError
 
     for bad in ("boundary.codec=int3", "boundary.codec_keep=-1"):
         with pytest.raises(ConfigError, match="boundary.codec must be one of"):

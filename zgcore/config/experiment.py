@@ -185,8 +185,8 @@ def _validate_static(cfg: dict[str, Any]) -> None:
         raise ConfigError(f"boundary.teacher_dtype must be one of {DTYPES}, got {b['teacher_dtype']!r}")
     _positive_int("boundary.shard_sequences", b["shard_sequences"])
     if b["codec"] not in CHOICES["boundary.codec"] or type(b["codec_keep"]) is not int or b["codec_keep"] < 0:
-        raise ConfigError(f"boundary.codec must be one of {CHOICES['boundary.codec']} and boundary.codec_keep an integer "
-                          f">= 0, got {b['codec']!r} and {b['codec_keep']!r}")
+        raise ConfigError(f"boundary.codec must be one of {CHOICES['boundary.codec']} and boundary.codec_keep an "
+                          f"integer >= 0, got {b['codec']!r} and {b['codec_keep']!r}")
     if int(b["shard_sequences"]) % int(b["batch_size"]):
         raise ConfigError(f"boundary.shard_sequences={b['shard_sequences']} must be a multiple of boundary.batch_size="
                           f"{b['batch_size']} (so that every shard runs the teacher on the same batches)")

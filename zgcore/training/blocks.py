@@ -257,7 +257,8 @@ def val_loss(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: i
         for _k, x, y in reader.batches(split, b_in, b_out, order, bs):
             with autocast(device):
                 pred = block(reader.widen(x.to(device)))  # the store's dtype (or codec bytes), widened on the device
-            total += float(regression_loss(pred.float(), reader.widen(y.to(device)), t["loss_norm"], scale.to(device))) * len(x)
+            target = reader.widen(y.to(device))
+            total += float(regression_loss(pred.float(), target, t["loss_norm"], scale.to(device))) * len(x)
     return {"val_loss": total / n, "sequences": int(n)}
 
 

@@ -16,15 +16,18 @@ docs/storage.md):
   over blocks of the largest power of two dividing ``hidden``, at most 256; QuaRot, arXiv 2404.00456), then
   symmetric int4 (-7..7, two per byte).
 
-Encoding and decoding are elementwise or per sequence (no matrix product whose rounding could depend on
-the batch), so a sequence's bytes and its decoded values never depend on the batch it came in: online
-targets pass through the same :meth:`Codec.encode` and :meth:`Codec.decode` and are bitwise the cached ones.
+Encoding is elementwise or per sequence (no matrix product whose rounding could depend on the batch), so a
+sequence's bytes never depend on the batch it came in; online targets pass through the same :meth:`Codec.encode`
+and :meth:`Codec.decode` (int4: one matrix product per rotation block, on the same batch shapes either way) and
+are bitwise the cached ones.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,7 +62,7 @@ def hadamard(x: torch.Tensor, block: int) -> torch.Tensor:
         a, b = y[:, :, 0], y[:, :, 1]
         y = torch.stack((a + b, a - b), dim=2)
         h *= 2
-    return (y.reshape(shape) * (1.0 / math.sqrt(block)))
+    return y.reshape(shape) * (1.0 / math.sqrt(block))
 
 
 def _hadamard_matrix(block: int, device) -> torch.Tensor:
@@ -85,7 +88,9 @@ class Codec:
         if self.name not in NAMES[1:]:
             raise ValueError(f"boundary.codec must be one of {', '.join(NAMES)}, got {self.name!r}")
         if self.seq_len < 2 or self.hidden < 2 or self.hidden % 2:
-            raise ValueError(f"a boundary codec needs seq_len >= 2 and an even hidden size, got {self.seq_len}, {self.hidden}")
+            raise ValueError(
+                f"a boundary codec needs seq_len >= 2 and an even hidden size, got {self.seq_len}, {self.hidden}"
+            )
         if not 0 <= self.keep < self.hidden:
             raise ValueError(f"boundary.codec_keep must be in 0..{self.hidden - 1}, got {self.keep}")
         t, h, k = self.seq_len - 1, self.hidden, self.keep
@@ -155,7 +160,7 @@ class Codec:
         out = torch.empty(n, self.sequence_bytes, dtype=torch.uint8)
         for name, (off, size) in self.sections.items():
             if size:
-                out[:, off: off + size] = parts[name].reshape(n, size)
+                out[:, off : off + size] = parts[name].reshape(n, size)
         return out, scale
 
     # -- decoding (on the block's device)
@@ -169,7 +174,7 @@ class Codec:
         out[:, 0] = self._part(b, "pos0", torch.bfloat16).view(n, hdim)
         scale = self._part(b, "scale", torch.float32)
         off, size = self.sections["codes"]
-        codes = b[:, off: off + size].reshape(n, t, -1)
+        codes = b[:, off : off + size].reshape(n, t, -1)
         rest = out[:, 1:]
         if self.name == "fp8":  # e4m3's bits as float16's (exponent bias 15, not 7): 2^-8 times the value, exactly
             bits = (codes & 0x7F).to(torch.int16).mul_(128).add_((codes & 0x80).to(torch.int16).mul_(256))
@@ -184,7 +189,9 @@ class Codec:
             y = torch.mul(q.view(n, t, hdim).sub_(8), scale.view(n, t, 1))
             blk = rotation_block(hdim)  # the inverse rotation as one matrix product per block (the same shapes
             # whichever way the batch came, cached or online, so the same bits)
-            torch.mul((y.view(-1, blk) @ _hadamard_matrix(blk, b.device)).view(n, t, hdim), _signs(hdim, b.device), out=rest)
+            torch.mul(
+                (y.view(-1, blk) @ _hadamard_matrix(blk, b.device)).view(n, t, hdim), _signs(hdim, b.device), out=rest
+            )
         if self.keep:
             idx = self._part(b, "idx", torch.int16).view(n, 1, self.keep).long().expand(n, t, self.keep)
             rest.scatter_(2, idx, self._part(b, "kept", torch.bfloat16).view(n, t, self.keep).float())
@@ -192,7 +199,7 @@ class Codec:
 
     def _part(self, b: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
         off, size = self.sections[name]
-        return b[:, off: off + size].contiguous().view(dtype).float()
+        return b[:, off : off + size].contiguous().view(dtype).float()
 
     def bound(self, h: torch.Tensor) -> torch.Tensor:
         """The codec's stated error bound: the largest ``|decode(encode(h)) - h|`` it allows per element,
@@ -203,17 +210,17 @@ class Codec:
         float32 arithmetic."""
         _, scale = self.encode(h)
         h = h.float()
-        tol = h.abs() * 2.0 ** -8
+        tol = h.abs() * 2.0**-8
         rest = h[:, 1:].abs()
         if self.name == "fp8":
-            r = rest * 2.0 ** -4 + scale[..., None] * 2.0 ** -10
+            r = rest * 2.0**-4 + scale[..., None] * 2.0**-10
         elif self.name == "int8":
             r = (scale / 2)[..., None].expand_as(rest)
         else:
             r = (scale * math.sqrt(rotation_block(self.hidden)) / 2)[..., None].expand_as(rest)
         if self.keep:
             gi = self.kept_channels(h)[:, None, :].expand(-1, r.shape[1], -1)
-            r = r.clone().scatter_(2, gi, rest.gather(2, gi) * 2.0 ** -8)
+            r = r.clone().scatter_(2, gi, rest.gather(2, gi) * 2.0**-8)
         tol[:, 1:] = r
         return tol + h.abs() * 1e-6
 

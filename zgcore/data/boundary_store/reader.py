@@ -85,7 +85,7 @@ class BoundaryReader:
         try:  # format 7: a boundary codec's bytes, decoded by widen() after the copy to the device
             self.codec = codec_mod.from_record(m.get("codec"), int(m["seq_len"]), int(m["hidden_size"]))
         except (KeyError, TypeError, ValueError) as e:
-            raise BoundaryStoreError(f"{man}: codec entry {m.get('codec')!r} cannot be decoded by this code ({e})") from e
+            raise BoundaryStoreError(f"{man}: codec {m.get('codec')!r} cannot be decoded by this code ({e})") from e
         self._row = ((int(m["seq_len"]), int(m["hidden_size"])) if self.codec is None else (self.codec.sequence_bytes,))
         self.shards = {s: sorted((sh for sh in m["shards"] if sh["split"] == s), key=lambda sh: sh["lo"])
                        for s in ("train", "val")}

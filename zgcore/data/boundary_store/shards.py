@@ -53,7 +53,8 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
                 progress: Callable[[int, int], None] | None = None,
                 peak_rss: Callable[[], float | None] | None = None,
                 capture: Callable[[torch.Tensor], Mapping[int, torch.Tensor]] | None = None,
-                width: int | None = None, desc: str | None = None, codec: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                width: int | None = None, desc: str | None = None,
+                codec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run the frozen ``teacher`` over ``rows`` (token ids ``[m, seq_len]``, sequences
     ``lo .. lo+m-1`` of ``split``) and write the shard's files into ``folder`` (which must exist;
     the caller renames it into place). Batches start at ``lo``, so with ``lo`` a multiple of
@@ -75,7 +76,8 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
     seq_len, m = int(rows.shape[1]), len(rows)
     n_stats = max(0, min(m, STATS_SEQUENCES - lo)) if split == "train" else 0
     started, t0 = time.time(), time.perf_counter()
-    enc = StoredForm(dtype, codec_mod.make((codec or {}).get("name"), seq_len, hidden, int((codec or {}).get("keep", 0))))
+    codec = codec or {}
+    enc = StoredForm(dtype, codec_mod.make(codec.get("name"), seq_len, hidden, int(codec.get("keep", 0))))
     files = {b: h5py.File(folder / f"b{b}.h5", "w") for b in boundaries}
     try:
         # contiguous, no filter: a run of consecutive sequences is one plain read; xxh3 checks each sequence
@@ -90,7 +92,8 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
             for b, h in captured.items():
                 # on the stored (rounded) values: float16 turns a finite float32 above 65504 into inf. A read then
                 # checks each sequence's xxh3 only (format 6): bytes equal to these are finite
-                stored = enc.store(h, f"teacher output at boundary {b}, {split} sequences {lo + k}..{lo + k + len(ids) - 1}")
+                where = f"teacher output at boundary {b}, {split} sequences {lo + k}..{lo + k + len(ids) - 1}"
+                stored = enc.store(h, where)
                 dsets[b][k: k + len(ids)] = stored
                 sums[b][k: k + len(ids)] = sequence_checksums(stored)
                 if k < n_stats:
@@ -183,7 +186,8 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
                "files": r["files"], "build_seconds": r["build_seconds"], "peak_rss_mib": r.get("peak_rss_mib")}
               for sf, r in recs]
     peaks = [r["peak_rss_mib"] for r in shards if r["peak_rss_mib"] is not None]
-    manifest = {k: first.get(k) for k in SHAPE_KEYS} | ({"codec": first["codec"]} if "codec" in first else {}) | dict(extra) | {
+    codec = {"codec": first["codec"]} if "codec" in first else {}  # format 7
+    manifest = {k: first.get(k) for k in SHAPE_KEYS} | codec | dict(extra) | {
         "n_train": int(n["train"]), "n_val": int(n["val"]), "n_shards": len(recs), "shards": shards, "stats": stats,
         "bytes": sum(f["bytes"] for _, r in recs for f in r["files"].values()),
         "build_seconds": sum(r["build_seconds"] for _, r in recs),  # teacher compute: the sum over shards
