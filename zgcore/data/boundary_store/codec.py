@@ -24,6 +24,7 @@ are bitwise the cached ones.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ def rotation_block(hidden: int) -> int:
     return min(hidden & -hidden, MAX_ROTATION_BLOCK)
 
 
+@functools.lru_cache(maxsize=16)
 def _signs(hidden: int, device) -> torch.Tensor:
     rng = np.random.default_rng(ROTATION_SEED)
     return torch.from_numpy((rng.integers(0, 2, hidden) * 2 - 1).astype(np.float32)).to(device)
@@ -65,6 +67,7 @@ def hadamard(x: torch.Tensor, block: int) -> torch.Tensor:
     return y.reshape(shape) * (1.0 / math.sqrt(block))
 
 
+@functools.lru_cache(maxsize=16)
 def _hadamard_matrix(block: int, device) -> torch.Tensor:
     """The orthonormal Walsh-Hadamard matrix of ``block`` (float32, symmetric: :func:`hadamard` of the identity)."""
     return hadamard(torch.eye(block, device=device), block)
