@@ -11,6 +11,7 @@ import luigi
 
 from zgcore.atomic import write_json
 from zgcore.data import boundary_store, corpus
+from zgcore.data.boundary_store import codec
 from zgcore.evaluation import flops
 from zgcore.hashing import canonical
 from zgcore.models import students
@@ -188,7 +189,8 @@ class ScoreBlock(_TeacherTask):
             val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
             source = boundary_store.OnlineBoundaries(load_base(rec, meta["end"], self.boundary["teacher_dtype"], self.device),
                                                      val[search.tune_rows(len(val), tune, who)], [meta["start"], meta["end"]],
-                                                     self.boundary["dtype"], int(self.boundary["batch_size"]))
+                                                     self.boundary["dtype"], int(self.boundary["batch_size"]),
+                                                     codec.settings(self.boundary))
             rows = None  # the source holds the tuning rows only
         else:
             source = boundary_store.BoundaryReader(req["cache"].out_dir)

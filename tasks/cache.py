@@ -9,6 +9,7 @@ from typing import Any
 import luigi
 
 from zgcore.data import boundary_store, corpus
+from zgcore.data.boundary_store import codec
 from zgcore.models.shapes import resolve_boundaries
 from zgcore.device import precision
 from zgcore.hashing import canonical, config_hash
@@ -27,8 +28,13 @@ SHARD_METRICS = "metrics.json"  # in each BoundaryShard folder: its seconds, FLO
 
 def cache_settings(boundary) -> dict[str, Any]:
     """The boundary settings that change what the cache holds (``shard_sequences`` only changes
-    how its build is split over tasks: the bytes are identical, so it is never hashed)."""
-    return {k: v for k, v in canonical(boundary).items() if k != "shard_sequences"}
+    how its build is split over tasks: the bytes are identical, so it is never hashed; ``codec`` and
+    ``codec_keep`` only where they change the bytes: not at codec ``"none"``)."""
+    out = {k: v for k, v in canonical(boundary).items() if k != "shard_sequences"}
+    if out.get("codec", "none") == "none":
+        out.pop("codec", None)
+        out.pop("codec_keep", None)
+    return out
 
 
 def split_sizes(meta: dict[str, Any]) -> dict[str, int]:
@@ -105,7 +111,7 @@ class BoundaryShard(_ShardTask):
             r = boundary_store.write_shard(tmp, model, rows, self.split, self.lo, bs, self.boundary["dtype"],
                                            int(self.boundary["batch_size"]), self.cache_extra(rec),
                                            progress=lambda d, n: self.progress(d, n, f"teacher forward {d}/{n} sequences"),
-                                           peak_rss=rss.stop, desc=self.title())
+                                           peak_rss=rss.stop, desc=self.title(), codec=codec.settings(self.boundary))
             # the teacher forward's FLOPs against this process's matmul peak (the report's utilisation table)
             write_json(tmp / SHARD_METRICS, {"seconds": r["build_seconds"], **mfu.utilisation(
                 flops.cache_build_flops(flops.decoder_parameters(model), len(rows), rows.shape[1], max(bs)),

@@ -70,6 +70,12 @@ DEFAULTS: dict[str, Any] = {
         # over workers, not what it holds: unhashed, the bytes are identical for any value
         "shard_sequences": 1024,
         "teacher_dtype": "float32",  # dtype the teacher is loaded and run in (cache build, online targets)
+        # how the store codes each boundary (zgcore.data.boundary_store.codec, docs/storage.md): none (dtype as it
+        # is), or position 0 and codec_keep channels in bfloat16 and the rest, with one scale per token, as fp8
+        # (e4m3, 8.4 bits/element at SmolLM2's shape), int8 (8.4) or int4 (randomized Hadamard first, 4.4);
+        # hashed only when not none
+        "codec": "none",
+        "codec_keep": 8,  # channels of largest RMS kept in bfloat16 per sequence by a codec; hashed only with one
     },
     "train": {
         "objective": "clean",  # clean | noisy | denoise | attention_transfer (a converted mixer first matches the teacher's attention); the local objective (zgcore.training.objectives registry): what a block sees and must output
@@ -168,11 +174,12 @@ DTYPES = ("float32", "float16", "bfloat16")
 LOSS_NORMS = ("none", "token", "channel")
 PREFETCH_MODES = ("auto", "thread", "process")  # "auto": zgcore.data.feed.choose_mode; the rest: zgcore.data.feed.MODES
 TARGETS = ("cached", "online")
+CODECS = ("none", "fp8", "int8", "int4")  # zgcore.data.boundary_store.codec.NAMES
 
 # The values a key may take, by dotted key (the configuration reference lists them). The objective
 # registry (zgcore.training.objectives) holds train.objective's.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "boundary.dtype": DTYPES, "boundary.teacher_dtype": DTYPES, "train.targets": TARGETS,
+    "boundary.dtype": DTYPES, "boundary.teacher_dtype": DTYPES, "train.targets": TARGETS, "boundary.codec": CODECS,
     "heal.targets": TARGETS, "distill.targets": TARGETS,
     "train.loss_norm": LOSS_NORMS, "train.keep": KEEP_POLICIES, "train.init": INITS, "train.mixer": MIXERS,
     "train.prefetch_mode": PREFETCH_MODES,

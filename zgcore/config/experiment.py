@@ -18,7 +18,7 @@ import yaml
 
 from zgcore.checks import ConfigError, positive_int as _positive_int, validate_lr_search  # noqa: F401 (re-exported; validators below use the short name)
 from zgcore.config.defaults import (  # noqa: F401 (re-exported)
-    DEFAULTS, DTYPES, INITS, KEEP_POLICIES, LOSS_NORMS, MIXERS, PREFETCH_MODES, TARGETS, UNHASHED_TOP)
+    CHOICES, DEFAULTS, DTYPES, INITS, KEEP_POLICIES, LOSS_NORMS, MIXERS, PREFETCH_MODES, TARGETS, UNHASHED_TOP)
 from zgcore.config.distill import validate_distill
 from zgcore.models.shapes import n_kept, resolve_boundaries
 from zgcore.config.overrides import parse_overrides, split_overrides, yaml_load as _yaml  # noqa: F401 (re-exported)
@@ -184,6 +184,9 @@ def _validate_static(cfg: dict[str, Any]) -> None:
     if b["teacher_dtype"] not in DTYPES:
         raise ConfigError(f"boundary.teacher_dtype must be one of {DTYPES}, got {b['teacher_dtype']!r}")
     _positive_int("boundary.shard_sequences", b["shard_sequences"])
+    if b["codec"] not in CHOICES["boundary.codec"] or type(b["codec_keep"]) is not int or b["codec_keep"] < 0:
+        raise ConfigError(f"boundary.codec must be one of {CHOICES['boundary.codec']} and boundary.codec_keep an "
+                          f"integer >= 0, got {b['codec']!r} and {b['codec_keep']!r}")
     if int(b["shard_sequences"]) % int(b["batch_size"]):
         raise ConfigError(f"boundary.shard_sequences={b['shard_sequences']} must be a multiple of boundary.batch_size="
                           f"{b['batch_size']} (so that every shard runs the teacher on the same batches)")

@@ -258,13 +258,15 @@ def store_batches(reader, b_in: int, b_out: int, n: int, seed: int, batch_size: 
 
 def stored_batch_bytes(reader, batch_size: int, arrays: int) -> int:
     """Bytes of ``batch_size`` sequences of ``arrays`` boundaries as ``reader``'s store holds them
-    (``seq_len x hidden_size x`` the stored dtype's width each); 0 for a store whose manifest does not
-    give those (a logit store)."""
+    (``seq_len x hidden_size x`` the stored dtype's width each; a boundary codec's: its bytes per sequence); 0 for a
+    store whose manifest does not give those (a logit store)."""
     from zgcore.device import torch_dtype
 
     m = getattr(reader, "manifest", {}) or {}
     if "seq_len" not in m or "hidden_size" not in m:
         return 0
+    if getattr(reader, "codec", None) is not None:
+        return int(batch_size) * int(arrays) * reader.codec.sequence_bytes
     width = torch_dtype(str(m.get("dtype", "float32"))).itemsize
     return int(batch_size) * int(arrays) * int(m["seq_len"]) * int(m["hidden_size"]) * width
 

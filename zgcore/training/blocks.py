@@ -192,8 +192,8 @@ def train_block(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out
     def pairs(step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         for s, idx, x, y in _reads(reader, b_in, b_out, n, t, seed, step, loop.steps, device):
             gen = torch.Generator().manual_seed(seed * 1_000_003 + s)
-            # the store's dtype over the copy, widened on the device (exact; a no-op for float32)
-            inp, target = objective.make_pair(to_device(x, device).float(), to_device(y, device).float(),
+            # the store's dtype (or a codec's bytes) over the copy, widened (decoded) on the device
+            inp, target = objective.make_pair(reader.widen(to_device(x, device)), reader.widen(to_device(y, device)),
                                               ObjectiveContext(gen, float(t.get("noise", 0.0)), in_scale))
             # page-locked on CUDA: the copy does not wait for the previous step
             yield inp, target, to_device(torch.as_tensor(run.tokens[np.asarray(idx)]), device) if active else None
@@ -271,8 +271,9 @@ def val_loss(block: torch.nn.Module, reader: BoundaryReader, b_in: int, b_out: i
     with torch.no_grad():
         for _k, x, y in reader.batches(split, b_in, b_out, order, bs):
             with autocast(device):
-                pred = block(x.to(device).float())  # the store's dtype, widened on the device (exact)
-            total += float(regression_loss(pred.float(), y.to(device).float(), t["loss_norm"], scale.to(device))) * len(x)
+                pred = block(reader.widen(x.to(device)))  # the store's dtype (or codec bytes), widened on the device
+            target = reader.widen(y.to(device))
+            total += float(regression_loss(pred.float(), target, t["loss_norm"], scale.to(device))) * len(x)
     return {"val_loss": total / n, "sequences": int(n)}
 
 

@@ -153,13 +153,14 @@ def _source(job: PartitionJob, tokens, start: int, end: int):
     """Where the block's boundary pairs come from: the boundary store, or the teacher up to the block's
     output boundary, run on the train tokens (online targets)."""
     from zgcore.data import boundary_store
+    from zgcore.data.boundary_store import codec
     from zgcore.models.teacher_weights import load_base
 
     if job.train["targets"] != "online":
         return boundary_store.BoundaryReader(job.cache)
     teacher = load_base(job.teacher, end, job.boundary["teacher_dtype"], job.device)
     return boundary_store.OnlineBoundaries(teacher, tokens, [start, end], job.boundary["dtype"],
-                                           int(job.boundary["batch_size"]))
+                                           int(job.boundary["batch_size"]), codec.settings(job.boundary))
 
 
 def _transfer(job: PartitionJob, rec, block, start: int, end: int, kept: Sequence[int]):

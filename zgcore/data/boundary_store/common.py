@@ -24,7 +24,11 @@ from zgcore.device import DTYPE_NAMES, torch_dtype
 FORMAT_VERSION = 6
 # versions BoundaryReader still reads (3: through HDF5's Fletcher32 filter; 4: whole-file SHA-256 at open;
 # 3-5 are also checked finite at read: their writers checked the values before rounding them)
-READABLE_VERSIONS = (3, 4, 5, 6)
+READABLE_VERSIONS = (3, 4, 5, 6, 7)
+# 7: the files of format 6 holding a boundary codec's bytes (``boundary.codec``, :mod:`.codec`): ``h`` uint8
+#    [rows, sequence_bytes], one encoded sequence per row (codes and scales), the manifest's ``codec`` names it.
+#    A store without a codec is still written as format 6, byte for byte
+CODEC_FORMAT = 7
 # the first format whose writer checked the stored (rounded) values finite
 FINITE_AT_WRITE = 6
 SHARD_FILE = "shard.json"  # a shard's record
@@ -150,3 +154,42 @@ def quarantine_file(path: Path) -> Path | None:
     so that the task that wrote it finds its output incomplete and rebuilds it; returns the new path
     (None if it could not)."""
     return set_aside(path)
+
+
+class StoredForm:
+    """What the store holds for one boundary value and how it comes back: ``dtype`` (float32 / float16 /
+    bfloat16) or, with ``codec`` (:class:`.codec.Codec`), the codec's bytes. The one path the writer and
+    online targets both take, so they give the same bits."""
+
+    def __init__(self, dtype: str, codec=None):
+        self.dtype, self.codec = dtype, codec
+        self.format_version = FORMAT_VERSION if codec is None else CODEC_FORMAT
+        self.h5_dtype = H5_DTYPES[dtype] if codec is None else np.uint8
+
+    def row_shape(self, seq_len: int, hidden: int) -> tuple[int, ...]:
+        """The shape of one stored sequence: ``(seq_len, hidden)``, or ``(sequence_bytes,)`` with a codec."""
+        return (seq_len, hidden) if self.codec is None else (self.codec.sequence_bytes,)
+
+    def extra(self) -> dict:
+        """Entries a shard record and the manifest carry for this form (``codec`` with a codec; none else)."""
+        return {} if self.codec is None else {"codec": self.codec.record()}
+
+    def store(self, h: torch.Tensor, where: str) -> np.ndarray:
+        """The stored array of float32 ``h`` ``[n, seq_len, hidden]``, checked finite as stored (16-bit: the
+        rounded values; a codec: ``h`` and every scale). Raises :class:`BoundaryStoreError` naming ``where``."""
+        if self.codec is None:
+            stored = to_storage(h, self.dtype)
+            check_finite(stored_tensor(stored, self.dtype), f"{where}, stored as {self.dtype}")
+            return stored
+        check_finite(h, f"{where}, encoded as {self.codec.name}")
+        codes, scales = self.codec.encode(h)
+        check_finite(scales, f"{where}: the {self.codec.name} codec's scales")
+        return codes.numpy()
+
+    def round_trip(self, h: torch.Tensor, stored: np.ndarray | None = None) -> torch.Tensor:
+        """What reading ``h`` back gives (float32; a codec: decoded from ``stored``, the :meth:`store` of ``h``,
+        when given)."""
+        if self.codec is None:
+            return round_trip(h, self.dtype)
+        return self.codec.decode(torch.from_numpy(np.ascontiguousarray(stored)) if stored is not None
+                                 else self.codec.encode(h)[0])

@@ -20,7 +20,7 @@ import torch
 import xxhash
 
 from zgcore.hashing import file_sha256
-from . import memory
+from . import codec as codec_mod, memory
 from .integrity import outside_sha256
 from .common import (FINITE_AT_WRITE, FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, TORCH_DTYPES, BoundaryStoreError, check_finite,
                      quarantine, quarantine_file, system_error, unavailable)
@@ -82,6 +82,11 @@ class BoundaryReader:
             if m.get(k) != v:
                 raise BoundaryStoreError(f"{man}: manifest {k}={m.get(k)!r} but expected {v!r}")
         self.dtype = m["dtype"]
+        try:  # format 7: a boundary codec's bytes, decoded by widen() after the copy to the device
+            self.codec = codec_mod.from_record(m.get("codec"), int(m["seq_len"]), int(m["hidden_size"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise BoundaryStoreError(f"{man}: codec {m.get('codec')!r} cannot be decoded by this code ({e})") from e
+        self._row = ((int(m["seq_len"]), int(m["hidden_size"])) if self.codec is None else (self.codec.sequence_bytes,))
         self.shards = {s: sorted((sh for sh in m["shards"] if sh["split"] == s), key=lambda sh: sh["lo"])
                        for s in ("train", "val")}
         for s in ("train", "val"):
@@ -137,7 +142,7 @@ class BoundaryReader:
         if digest != want:
             self._damaged(sh, b, f"checksum failure: SHA-256 {digest[:12]}... of its {'bytes outside the sequence data' if outside else 'bytes'} "
                                  f"differs from the manifest's {want[:12]}... (the file changed after it was written)")
-        shape = (sh["hi"] - sh["lo"], self.manifest["seq_len"], self.manifest["hidden_size"])
+        shape = (sh["hi"] - sh["lo"], *self._row)
         try:  # the bytes are as written: an error here means the manifest and the file disagree
             f = h5py.File(path, "r")
             try:
@@ -205,7 +210,7 @@ class BoundaryReader:
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         if len(idx) and (idx.min() < 0 or idx.max() >= self.n(split_name)):
             raise IndexError(f"sequence index out of range 0..{self.n(split_name) - 1}")
-        shape = (len(idx), int(self.manifest["seq_len"]), int(self.manifest["hidden_size"]))
+        shape = (len(idx), *self._row)  # a codec's store: uint8 [len(idx), sequence_bytes]
         los = np.array([sh["lo"] for sh in self.shards[split_name]], dtype=np.int64)
         owner = np.searchsorted(los, idx, side="right") - 1  # shard of each requested sequence
         # runs: positions j..j+r-1 of idx that are consecutive sequences of one shard
@@ -216,7 +221,7 @@ class BoundaryReader:
         if self.version < 4:
             return self._read_fletcher32(split_name, b, idx, runs, owner, out, mem)
         half = self.dtype != "float32"
-        piece = max(1, PIECE_BYTES // (shape[1] * shape[2] * mem.itemsize))
+        piece = max(1, PIECE_BYTES // (int(np.prod(shape[1:])) * mem.itemsize))
         finite_at_write = self.version >= FINITE_AT_WRITE  # the xxh3 match is the whole check
         if half and not finite_at_write:
             bits = self._buffer(("bits", piece, *shape[1:]), np.dtype(np.uint16))
@@ -244,8 +249,15 @@ class BoundaryReader:
         """A tensor of the storage dtype for a batch (:func:`.memory.batch_tensor`: reused once
         nothing refers to it) and a numpy view of its memory in the dtype HDF5 stores (bfloat16:
         its uint16 bit pattern; numpy has no bfloat16)."""
-        out = memory.batch_tensor(self._pool, shape, TORCH_DTYPES[self.dtype], self.pin_memory)
-        return out, (out.view(torch.int16).numpy().view(np.uint16) if self.dtype == "bfloat16" else out.numpy())
+        dtype = TORCH_DTYPES[self.dtype] if self.codec is None else torch.uint8
+        out = memory.batch_tensor(self._pool, shape, dtype, self.pin_memory)
+        return out, (out.view(torch.int16).numpy().view(np.uint16) if dtype == torch.bfloat16 else out.numpy())
+
+    def widen(self, t: torch.Tensor) -> torch.Tensor:
+        """A batch of :meth:`read` as float32 ``[n, seq_len, hidden]`` on ``t``'s device: ``t.float()`` (exact),
+        or, for a codec's store, the codec's decode of its bytes (:meth:`.codec.Codec.decode`). Call it after
+        the copy to the block's device, so that the encoded bytes are what moves."""
+        return t.float() if self.codec is None else self.codec.decode(t)
 
     def _buffer(self, key: tuple, dtype: np.dtype) -> np.ndarray:
         """A reused scratch array of shape ``key[1:]`` (fresh large arrays cost page faults each call)."""

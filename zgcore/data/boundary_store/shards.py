@@ -30,10 +30,10 @@ from zgcore.models.adapters import capture_boundaries
 from zgcore.atomic import atomic_path, write_json
 from zgcore.hashing import file_sha256
 from zgcore.progress import progress_bar
+from . import codec as codec_mod
 from .integrity import file_record, outside_sha256
-from .common import (FORMAT_VERSION, H5_DTYPES, MANIFEST, SHARD_FILE, STATS_SEQUENCES, BoundaryStoreError, check_finite,
-                     planned_bytes, quarantine, rms_from_sumsq, round_trip, sequence_checksums, sequence_sumsq, system_error,
-                     stored_tensor, to_storage, unavailable)
+from .common import (MANIFEST, SHARD_FILE, STATS_SEQUENCES, BoundaryStoreError, StoredForm, planned_bytes, quarantine,
+                     rms_from_sumsq, sequence_checksums, sequence_sumsq, system_error, unavailable)
 
 # what every shard of one store must agree on
 SHAPE_KEYS = ("format_version", "boundaries", "dtype", "teacher_dtype", "seq_len", "hidden_size", "batch_size")
@@ -53,7 +53,8 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
                 progress: Callable[[int, int], None] | None = None,
                 peak_rss: Callable[[], float | None] | None = None,
                 capture: Callable[[torch.Tensor], Mapping[int, torch.Tensor]] | None = None,
-                width: int | None = None, desc: str | None = None) -> dict[str, Any]:
+                width: int | None = None, desc: str | None = None,
+                codec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run the frozen ``teacher`` over ``rows`` (token ids ``[m, seq_len]``, sequences
     ``lo .. lo+m-1`` of ``split``) and write the shard's files into ``folder`` (which must exist;
     the caller renames it into place). Batches start at ``lo``, so with ``lo`` a multiple of
@@ -62,7 +63,9 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
     ``capture(ids [B, seq_len] int64) -> {b: float32 [B, seq_len, width]}`` computes what is stored
     instead of the teacher's boundaries (the top-k logit store, :mod:`zgcore.data.logit_store`,
     stores its records so), ``width`` their last dimension (default: the teacher's hidden size).
-    ``desc``: the name on the progress bar (sequences per second, on stderr).
+    ``desc``: the name on the progress bar (sequences per second, on stderr). ``codec``: ``{"name", "keep"}``
+    of a boundary codec (:mod:`.codec`; ``None`` or name ``"none"``: ``dtype`` as it is): each sequence is
+    stored as its encoded bytes (``h`` uint8 ``[m, sequence_bytes]``, format 7), its scales checked finite.
 
     Returns the shard record (also written to ``shard.json``). Raises
     :class:`BoundaryStoreError` if the teacher produces a non-finite boundary.
@@ -73,10 +76,13 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
     seq_len, m = int(rows.shape[1]), len(rows)
     n_stats = max(0, min(m, STATS_SEQUENCES - lo)) if split == "train" else 0
     started, t0 = time.time(), time.perf_counter()
+    codec = codec or {}
+    enc = StoredForm(dtype, codec_mod.make(codec.get("name"), seq_len, hidden, int(codec.get("keep", 0))))
     files = {b: h5py.File(folder / f"b{b}.h5", "w") for b in boundaries}
     try:
         # contiguous, no filter: a run of consecutive sequences is one plain read; xxh3 checks each sequence
-        dsets = {b: f.create_dataset("h", shape=(m, seq_len, hidden), dtype=H5_DTYPES[dtype]) for b, f in files.items()}
+        dsets = {b: f.create_dataset("h", shape=(m, *enc.row_shape(seq_len, hidden)), dtype=enc.h5_dtype)
+                 for b, f in files.items()}
         sums = {b: f.create_dataset("xxh3", shape=(m,), dtype=np.uint64) for b, f in files.items()}
         sumsq = {b: [] for b in boundaries}
         bar = progress_bar(m, desc or f"teacher {split} {lo}..{lo + m - 1}", "seq")
@@ -84,15 +90,14 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
             ids = torch.from_numpy(rows[k: k + batch_size].astype(np.int64)).to(device)
             captured = capture(ids) if capture is not None else capture_boundaries(teacher, ids, boundaries)
             for b, h in captured.items():
-                stored = to_storage(h, dtype)
                 # on the stored (rounded) values: float16 turns a finite float32 above 65504 into inf. A read then
                 # checks each sequence's xxh3 only (format 6): bytes equal to these are finite
-                check_finite(stored_tensor(stored, dtype), f"teacher output at boundary {b}, {split} sequences "
-                             f"{lo + k}..{lo + k + len(ids) - 1}, stored as {dtype}")
+                where = f"teacher output at boundary {b}, {split} sequences {lo + k}..{lo + k + len(ids) - 1}"
+                stored = enc.store(h, where)
                 dsets[b][k: k + len(ids)] = stored
                 sums[b][k: k + len(ids)] = sequence_checksums(stored)
                 if k < n_stats:
-                    sumsq[b].append(sequence_sumsq(round_trip(h[: n_stats - k], dtype)))
+                    sumsq[b].append(sequence_sumsq(enc.round_trip(h[: n_stats - k], stored[: n_stats - k])))
             bar.update(len(ids))
             if progress:
                 progress(k + len(ids), m)
@@ -103,7 +108,7 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
     finally:
         for f in files.values():
             f.close()
-    rec = {"format_version": FORMAT_VERSION, "split": split, "lo": int(lo), "hi": int(lo + m),
+    rec = {"format_version": enc.format_version, **enc.extra(), "split": split, "lo": int(lo), "hi": int(lo + m),
            "boundaries": [int(b) for b in boundaries], "dtype": dtype, "seq_len": seq_len, "hidden_size": hidden,
            "batch_size": int(batch_size), "stats_rows": int(n_stats), **extra,
            "files": {f"b{b}": file_record(folder / f"b{b}.h5") for b in boundaries},
@@ -160,7 +165,7 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
         recs.append((Path(sf), rec))
     first = recs[0][1]
     for sf, rec in recs:
-        for k in (*SHAPE_KEYS, *extra):
+        for k in (*SHAPE_KEYS, "codec", *extra):
             want = extra[k] if k in extra else first.get(k)
             if rec.get(k) != want:
                 raise BoundaryStoreError(f"boundary shard {sf} disagrees with the store on {k}: {rec.get(k)!r} vs {want!r}")
@@ -181,7 +186,8 @@ def join_shards(folder: str | os.PathLike, shard_folders: Sequence[str | os.Path
                "files": r["files"], "build_seconds": r["build_seconds"], "peak_rss_mib": r.get("peak_rss_mib")}
               for sf, r in recs]
     peaks = [r["peak_rss_mib"] for r in shards if r["peak_rss_mib"] is not None]
-    manifest = {k: first.get(k) for k in SHAPE_KEYS} | dict(extra) | {
+    codec = {"codec": first["codec"]} if "codec" in first else {}  # format 7
+    manifest = {k: first.get(k) for k in SHAPE_KEYS} | codec | dict(extra) | {
         "n_train": int(n["train"]), "n_val": int(n["val"]), "n_shards": len(recs), "shards": shards, "stats": stats,
         "bytes": sum(f["bytes"] for _, r in recs for f in r["files"].values()),
         "build_seconds": sum(r["build_seconds"] for _, r in recs),  # teacher compute: the sum over shards
@@ -217,13 +223,14 @@ def _read_sumsq(folder: Path, entry: Mapping[str, Any]) -> np.ndarray:
 
 def build_store(folder: str | os.PathLike, teacher, tokens: Mapping[str, np.ndarray], boundaries: Sequence[int],
                 dtype: str, batch_size: int, extra: Mapping[str, Any], shard_sequences: int = 1024,
-                progress: Callable[[int, int], None] | None = None, log=print) -> dict[str, Any]:
+                progress: Callable[[int, int], None] | None = None, log=print,
+                codec: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Build a whole store in one process (no task graph): every shard under ``folder/shards/``,
     then the join in ``folder`` (atomically). The pipeline runs the same two steps as tasks.
 
     Args:
         teacher: causal LM or base model (eval). tokens: ``{"train": int [n, T], "val": ...}``.
-        progress: called as ``progress(done_sequences, total_sequences)``.
+        progress: called as ``progress(done_sequences, total_sequences)``. codec: as :func:`write_shard`'s.
 
     Returns the manifest.
     """
@@ -238,7 +245,7 @@ def build_store(folder: str | os.PathLike, teacher, tokens: Mapping[str, np.ndar
             sd = tmp / "shards" / f"{split}-{lo:08d}"
             sd.mkdir(parents=True)
             write_shard(sd, teacher, tokens[split][lo:hi], split, lo, boundaries, dtype, batch_size, extra,
-                        progress=(lambda d, m, base=done: progress(base + d, total)) if progress else None)
+                        progress=(lambda d, m, base=done: progress(base + d, total)) if progress else None, codec=codec)
             done += hi - lo
             shard_dirs.append(sd)
         manifest = join_shards(tmp, shard_dirs, n, extra)
