@@ -115,7 +115,8 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
     def train_once(self):
         """Train the block at ``train.lr`` and write its output."""
         from zgcore.device import resolve
-        from zgcore.models.teacher_weights import layer_source, load_base, load_head
+        from zgcore.models.teacher_stream import teacher_for
+        from zgcore.models.teacher_weights import layer_source, load_head
 
         rss = PeakRSS().start()  # this task's peak resident memory (the distillation study reports it)
         rec = teacher_record(self.teacher_task())
@@ -137,7 +138,7 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         if aux:  # the teacher's embedding, final norm and LM head only: no decoder layer is read
             head = load_head(rec, self.device)
         if self.train["targets"] == "online":  # the teacher up to this block's output boundary only
-            teacher = load_base(rec, end, self.boundary["teacher_dtype"], self.device)
+            teacher = teacher_for(rec, end, self.boundary["teacher_dtype"], self.device)  # whole, or streamed per batch
             source = boundary_store.OnlineBoundaries(teacher, tokens, [start, end], self.boundary["dtype"],
                                                      int(self.boundary["batch_size"]))
         else:
@@ -212,7 +213,8 @@ class ScoreBlock(_TeacherTask):
 
     def run(self):
         from zgcore.device import resolve
-        from zgcore.models.teacher_weights import layer_source, load_base
+        from zgcore.models.teacher_stream import teacher_for
+        from zgcore.models.teacher_weights import layer_source
 
         req = self.requires()
         div = search.diverged(req["block"])
@@ -227,7 +229,7 @@ class ScoreBlock(_TeacherTask):
         tune, who = dict(self.train.get("tune") or {}), f"train.lrs (block {self.block})"
         if self.train["targets"] == "online":  # the teacher over the tuning rows only (its loss scale comes from them too)
             val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
-            source = boundary_store.OnlineBoundaries(load_base(rec, meta["end"], self.boundary["teacher_dtype"], self.device),
+            source = boundary_store.OnlineBoundaries(teacher_for(rec, meta["end"], self.boundary["teacher_dtype"], self.device),
                                                      val[search.tune_rows(len(val), tune, who)], [meta["start"], meta["end"]],
                                                      self.boundary["dtype"], int(self.boundary["batch_size"]))
             rows = None  # the source holds the tuning rows only

@@ -86,20 +86,54 @@ class BoundaryShift(_StudentTask):
     def label(self):
         return "shift"
 
+    def store_task(self):
+        """The teacher cache whose ``val`` shards hold the teacher's boundaries this task needs, bitwise
+        as its forward gives them (float32 teacher and storage), when the experiment builds it (a block
+        with cached targets); else None: the teacher runs here."""
+        b = self.boundary
+        if b["dtype"] != "float32" or b["teacher_dtype"] != "float32" or \
+                not any(t["targets"] == "cached" for t in self.blocks):
+            return None
+        from .cache import TeacherBoundary
+
+        return TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs,
+                               device=self.device)
+
+    def dynamic_upstream(self):
+        store = self.store_task()
+        return [store] if store is not None else []
+
     def run(self):
-        req = self.requires()
-        _rec, (teacher, _tok) = self.load_teacher()
+        from zgcore.data import boundary_store
+        from zgcore.device import resolve
+        from zgcore.models.teacher_stream import teacher_for
+        from zgcore.models.teacher_weights import layer_source
+
+        from .teacher import teacher_record
+
+        req, store = self.requires(), self.store_task()
+        if store is not None:
+            yield store  # complete already: the cached blocks trained on it
+        rec = teacher_record(self.teacher_task())
         val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
-        val = val[metrics.eval_subset(len(val), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))]
+        idx = metrics.eval_subset(len(val), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
         blocks = [json.loads(t.checked("metrics.json").read_text()) for t in req["blocks"]]
         bounds = [b["start"] for b in blocks] + [blocks[-1]["end"]]
-        rows = val[: min(int(self.eval["context_sequences"]) or 4, len(val))]
-        trained = load_blocks(teacher, req["blocks"], "block")
+        idx = idx[: min(int(self.eval["context_sequences"]) or 4, len(idx))]
+        rows = val[idx]
+        source = layer_source(rec, self.device)
+        trained = [b.to(resolve(self.device)) for b in load_blocks(source, req["blocks"], "block")]
         t0 = time.perf_counter()
-        shift = metrics.boundary_shift(teacher, trained, bounds, rows)
+        if store is not None:  # the teacher's validation boundaries as stored: no teacher forward
+            with boundary_store.BoundaryReader(store.out_dir) as r:
+                bd = {b: r.read("val", b, idx).float() for b in bounds}
+            shift = metrics.boundary_shift(None, trained, bounds, rows, teacher_boundaries=bd)
+        else:
+            teacher = teacher_for(rec, bounds[-1], "float32", self.device)
+            shift = metrics.boundary_shift(teacher, trained, bounds, rows)
         seconds = time.perf_counter() - t0
         # the teacher to the last boundary once; every block on the teacher's, the chain's and each noisy input
-        par, T = flops.model_parameters(teacher), rows.shape[1]
+        par, T = _layer_parameters(source), rows.shape[1]
         student = [sum(p.numel() for p in layer.parameters()) for b in trained for layer in b.layers]
         work = int(rows.size) * (flops.layers_forward(par["layers"][: bounds[-1]], T, par["width"])
                                  + (2 + len(shift["scales"])) * flops.layers_forward(student, T, par["width"]))
@@ -107,3 +141,12 @@ class BoundaryShift(_StudentTask):
             write_json(tmp / SHIFT, shift)
             write_json(tmp / METRICS, {"seconds": seconds, **mfu.utilisation(work, seconds, self.device)})
         self.log("drift " + ", ".join(f"b{d['boundary']}: {d['relative_error']:.4f}" for d in shift["drift"]))
+
+
+def _layer_parameters(source) -> dict:
+    """``{"layers": [P per decoder layer], "width": d}`` of the teacher behind a layer source (safetensors
+    headers, or the loaded teacher)."""
+    if hasattr(source, "layer_numel"):
+        return {"layers": [source.layer_numel(i) for i in range(int(source.config.num_hidden_layers))],
+                "width": int(source.config.get_text_config().hidden_size)}
+    return flops.decoder_parameters(source)

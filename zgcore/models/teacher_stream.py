@@ -20,11 +20,13 @@ batch as the whole teacher's forward, so the result is the same bytes (tests/tes
 streams when the whole teacher's planned peak does not fit the device's free memory) and fails
 before any work when even one layer does not fit.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,9 +54,11 @@ def free_memory(device: torch.device | str) -> int:
 
     free = int(psutil.virtual_memory().available)
     try:
-        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        from pathlib import Path
+
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if limit != "max":
-            free = min(free, int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
+            free = min(free, int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
     except (OSError, ValueError):
         pass
     return free
@@ -64,8 +68,16 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def plan(record: Mapping[str, Any], n_layers: int, dtype: str, device: str, head: bool, activations: int = 0,
-         setting: str | None = None, free: int | None = None) -> bool:
+def plan(
+    record: Mapping[str, Any],
+    n_layers: int,
+    dtype: str,
+    device: str,
+    head: bool,
+    activations: int = 0,
+    setting: str | None = None,
+    free: int | None = None,
+) -> bool:
     """Whether to stream the teacher's first ``n_layers`` layers in ``dtype`` on ``device``.
 
     ``setting`` (default :func:`mode`): ``false`` never streams, ``true`` always (where the teacher's
@@ -84,8 +96,10 @@ def plan(record: Mapping[str, Any], n_layers: int, dtype: str, device: str, head
         return False
     if not has_safetensors(record):
         if setting == "true":
-            raise ConfigError(f"teacher_stream = true needs the teacher's weights as local safetensors; {record['path']} "
-                              "has none (save it with save_pretrained, or set teacher_stream = auto)")
+            raise ConfigError(
+                f"teacher_stream = true needs the teacher's weights as local safetensors; {record['path']} "
+                "has none (save it with save_pretrained, or set teacher_stream = auto)"
+            )
         return False
     src = LazyLayers(record)
     item = torch.empty(0, dtype=_dtype(dtype)).element_size()
@@ -96,9 +110,11 @@ def plan(record: Mapping[str, Any], n_layers: int, dtype: str, device: str, head
         return False
     big = max(range(n_layers), key=layers.__getitem__)
     if layers[big] + other + activations > free:
-        raise ConfigError(f"teacher layer {big} needs {_gib(layers[big])} in {dtype} (with the embedding and head "
-                          f"{_gib(other)} and activations {_gib(activations)}), more than the {_gib(free)} free on "
-                          f"{device} even streamed layer by layer: use a device with more memory or a smaller teacher_dtype")
+        raise ConfigError(
+            f"teacher layer {big} needs {_gib(layers[big])} in {dtype} (with the embedding and head "
+            f"{_gib(other)} and activations {_gib(activations)}), more than the {_gib(free)} free on "
+            f"{device} even streamed layer by layer: use a device with more memory or a smaller teacher_dtype"
+        )
     return True
 
 
@@ -131,8 +147,14 @@ class StreamedTeacher(nn.Module):
             (embedding; with ``head`` the final norm and LM head). layer_reads: decoder layers read so far.
     """
 
-    def __init__(self, record: Mapping[str, Any], n_layers: int | None = None, dtype: str = "float32",
-                 device: str = "cpu", head: bool = False):
+    def __init__(
+        self,
+        record: Mapping[str, Any],
+        n_layers: int | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        head: bool = False,
+    ):
         super().__init__()
         from zgcore.device import resolve
         from zgcore.models.teacher_weights import LazyLayers
@@ -146,6 +168,7 @@ class StreamedTeacher(nn.Module):
         self.layer_reads = 0
         self._caps: dict[tuple, dict[int, torch.Tensor]] = {}
         self._final: dict[tuple, torch.Tensor] = {}
+        self._pending = None
 
     def _empty(self, cls, cfg) -> nn.Module:
         from accelerate import init_empty_weights
@@ -175,7 +198,7 @@ class StreamedTeacher(nn.Module):
             sd = self.src.other_weights()
             return self._fill(self._empty(AutoModelForCausalLM, cfg), sd)
         base = self.adapter.base + "."
-        sd = {k[len(base):]: v for k, v in self.src.other_weights(base_only=True).items()}
+        sd = {k[len(base) :]: v for k, v in self.src.other_weights(base_only=True).items()}
         return self._fill(self._empty(AutoModel, cfg), sd)
 
     @property
@@ -213,8 +236,9 @@ class StreamedTeacher(nn.Module):
         return out[0]
 
     @torch.no_grad()
-    def run(self, batches: Sequence[torch.Tensor], boundaries: Sequence[int] = (), last: int | None = None,
-            progress=None) -> tuple[list[dict[int, torch.Tensor]], list[torch.Tensor]]:
+    def run(
+        self, batches: Sequence[torch.Tensor], boundaries: Sequence[int] = (), last: int | None = None, progress=None
+    ) -> tuple[list[dict[int, torch.Tensor]], list[torch.Tensor]]:
         """Run layers ``0 .. last - 1`` (default all ``n_layers``) over ``batches`` (int64 ids ``[B, T]``
         each), layer by layer: each layer is read once and applied to every batch as it stands.
 
@@ -224,7 +248,7 @@ class StreamedTeacher(nn.Module):
         from zgcore.device import autocast
 
         last = self.n_layers if last is None else int(last)
-        want = set(int(b) for b in boundaries)
+        want = {int(b) for b in boundaries}
         with autocast(self.dev):
             hs = [self.embed(ids) for ids in batches]
         caps = [{0: h.detach().float().clone()} if 0 in want else {} for h in hs]
@@ -240,12 +264,22 @@ class StreamedTeacher(nn.Module):
                 progress(i + 1, last)
         return caps, hs
 
-    def precompute(self, batches: Sequence[torch.Tensor], boundaries: Sequence[int] = (), head: bool = False,
-                   progress=None) -> None:
-        """Run ``batches`` now, layer by layer (:meth:`run`: each layer read once), and keep their
+    def precompute(
+        self,
+        batches: Sequence[torch.Tensor],
+        boundaries: Sequence[int] = (),
+        head: bool = False,
+        progress=None,
+        lazy: bool = False,
+    ) -> None:
+        """Run ``batches`` layer by layer (:meth:`run`: each layer read once), and keep their
         ``boundaries`` (for :meth:`capture`) or, with ``head``, their last layers' output (for
         :meth:`forward`), so that later calls on the same ids answer from here. Boundaries up to the
-        largest asked run (without ``head``); with ``head`` every layer."""
+        largest asked run (without ``head``); with ``head`` every layer. ``lazy``: at the first
+        :meth:`capture` or :meth:`forward` (inside the caller's timing), not now."""
+        if lazy:
+            self._pending = (batches, boundaries, head, progress)
+            return
         last = None if head else max(boundaries)
         caps, final = self.run(batches, boundaries, last, progress)
         for ids, c, h in zip(batches, caps, final):
@@ -253,6 +287,11 @@ class StreamedTeacher(nn.Module):
                 self._final[_key(ids)] = h
             else:
                 self._caps[(_key(ids), tuple(sorted(set(boundaries))))] = c
+
+    def _run_pending(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.precompute(*pending)
 
     def clear(self) -> None:
         """Forget what :meth:`precompute` kept."""
@@ -262,8 +301,9 @@ class StreamedTeacher(nn.Module):
     def capture(self, ids: torch.Tensor, boundaries: Sequence[int]) -> dict[int, torch.Tensor]:
         """As :func:`zgcore.models.adapters.capture_boundaries`: the raw residual stream at each
         boundary, float32 ``[B, T, hidden]``, each sequence run on its own (batch 1)."""
-        bs = tuple(sorted(set(int(b) for b in boundaries)))
-        rows = [ids[i: i + 1] for i in range(ids.shape[0])]
+        self._run_pending()
+        bs = tuple(sorted({int(b) for b in boundaries}))
+        rows = [ids[i : i + 1] for i in range(ids.shape[0])]
         got = [self._caps.get((_key(r), bs)) for r in rows]
         todo = [r for r, g in zip(rows, got) if g is None]
         if todo:
@@ -281,6 +321,7 @@ class StreamedTeacher(nn.Module):
         """As the whole causal LM's forward on ``input_ids`` ``[B, T]`` (the batch as given): ``.logits``
         ``[B, T, V]``; with ``output_hidden_states`` also ``.hidden_states`` (the raw stream at each
         layer's input, then the normed last output, as transformers gives them)."""
+        self._run_pending()
         key = _key(input_ids)
         if output_hidden_states:
             caps, final = self.run([input_ids], range(self.n_layers))
@@ -295,9 +336,54 @@ class StreamedTeacher(nn.Module):
     def flop_parameters(self, head: bool) -> dict[str, Any]:
         """What :func:`zgcore.evaluation.flops.model_parameters` (``head``) or ``decoder_parameters``
         count of the whole teacher, from the safetensors' shapes (no weight read)."""
-        out = {"layers": [self.src.layer_numel(i) for i in range(self.n_layers)],
-               "width": int(self.config.get_text_config().hidden_size)}
+        out = {
+            "layers": [self.src.layer_numel(i) for i in range(self.n_layers)],
+            "width": int(self.config.get_text_config().hidden_size),
+        }
         if head:
-            out = {"layers": out["layers"], "head": int(self.shell.get_output_embeddings().weight.numel()),
-                   "width": out["width"]}
+            out = {
+                "layers": out["layers"],
+                "head": int(self.shell.get_output_embeddings().weight.numel()),
+                "width": out["width"],
+            }
         return out
+
+
+def teacher_for(
+    record: Mapping[str, Any],
+    n_layers: int | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    head: bool = False,
+    activations: int = 0,
+    setting: str | None = None,
+):
+    """The teacher as a task runs it over stored tokens: its first ``n_layers`` layers (default all) in
+    ``dtype``, as :func:`~zgcore.models.teacher_weights.load_base` (``head`` False: the base model) or
+    :func:`~zgcore.models.teacher.load` (``head`` True: the causal LM, float32) loads it whole, or a
+    :class:`StreamedTeacher` of the same when :func:`plan` (``setting``, ``activations`` bytes) says so.
+
+    Raises:
+        ConfigError: as :func:`plan`, before any weight is read.
+    """
+    n = int(n_layers or record.get("n_layers") or 0) or None
+    if n is None:
+        from transformers import AutoConfig
+
+        n = int(AutoConfig.from_pretrained(record["path"]).num_hidden_layers)
+    if plan(record, n, dtype, device, head, activations, setting):
+        return StreamedTeacher(record, n, dtype, device, head)
+    if head:
+        from zgcore.models.teacher import load
+
+        return load(dict(record), device)[0]
+    from zgcore.models.teacher_weights import load_base
+
+    return load_base(record, n, dtype, device)
+
+
+def activation_bytes(sequences: int, seq_len: int, hidden: int, dtype: str, kept: int) -> int:
+    """Bytes a streamed run holds for ``sequences`` of ``seq_len`` tokens: the stream in ``dtype`` plus
+    ``kept`` float32 copies of it (boundaries or outputs kept for later)."""
+    item = torch.empty(0, dtype=_dtype(dtype)).element_size()
+    return int(sequences) * int(seq_len) * int(hidden) * (item + 4 * int(kept))
