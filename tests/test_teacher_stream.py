@@ -127,3 +127,52 @@ def test_teacher_stream_picks_the_path_and_a_layer_larger_than_free_memory_fails
 def test_teacher_stream_true_needs_safetensors(tmp_path):
     with pytest.raises(ConfigError, match="teacher_stream = true needs the teacher's weights as local safetensors"):
         plan({"path": str(tmp_path), "gguf_file": None}, 4, "float32", "cpu", False, setting="true")
+
+
+def test_after_a_one_block_change_no_task_runs_the_teacher_and_the_shift_is_the_teacher_s(tmp_path, run_graph,
+                                                                                         monkeypatch):
+    import json
+
+    from tasks.blocks import load_blocks
+    from tasks.teacher import teacher_record
+    from workflows import RunExperiment, build_experiment, load_config
+    from zgcore.data import corpus
+    from zgcore.models import teacher as zteacher
+    from zgcore.models import teacher_weights
+    from zgcore.models.adapters import adapter_for
+
+    out = str(tmp_path)
+    ok, _ = run_graph(RunExperiment(preset="tiny", outputs=out))
+    assert ok
+    forwards = []  # every teacher forward from here: the loaded teacher's base model, or a streamed run
+
+    def counted(m):
+        adapter_for(m).base_model(m).register_forward_pre_hook(lambda *_: forwards.append(type(m).__name__))
+        return m
+
+    load, base, run = zteacher.load, teacher_weights.load_base, StreamedTeacher.run
+    monkeypatch.setattr(zteacher, "load", lambda *a, **k: (lambda r: (counted(r[0]), r[1]))(load(*a, **k)))
+    monkeypatch.setattr(teacher_weights, "load_base", lambda *a, **k: counted(base(*a, **k)))
+    monkeypatch.setattr(StreamedTeacher, "run", lambda self, *a, **k: forwards.append("streamed") or run(self, *a, **k))
+    ok, ran = run_graph(RunExperiment(preset="tiny", set="blocks.1.lr=5e-4", outputs=out))
+    assert ok and {"TrainBlock", "Assemble", "ScoreAssembled", "BoundaryShift", "Evaluate"} <= {f for f, _ in ran}
+    assert forwards == []
+    from zgcore.models.adapters import capture_boundaries
+
+    rec = teacher_record(build_experiment(load_config("", "", "tiny"), out).requires()["shift"].teacher_task())
+    ids = torch.zeros((1, 8), dtype=torch.long)
+    for setting in ("false", "true"):  # the count sees the teacher run either way
+        capture_boundaries(teacher_for(rec, 2, setting=setting), ids, [2])
+    assert forwards == ["LlamaModel", "streamed"]
+    monkeypatch.undo()
+    # the boundary shift read from the store is the one the teacher's forward gives
+    shift_task = build_experiment(load_config("", "blocks.1.lr=5e-4", "tiny"), out).requires()["shift"]
+    rec = teacher_record(shift_task.teacher_task())
+    blocks = [json.loads((t.out_dir / "metrics.json").read_text()) for t in shift_task.block_tasks()]
+    bounds = [b["start"] for b in blocks] + [blocks[-1]["end"]]
+    val = corpus.read_tokens(shift_task.requires()["corpus"].out_dir / "tokens.h5", "val")
+    e = shift_task.eval
+    rows = val[metrics.eval_subset(len(val), int(e["max_sequences"]), int(e["subset_seed"]))][: int(e["context_sequences"])]
+    trained = load_blocks(load(rec)[0], shift_task.block_tasks())
+    want = metrics.boundary_shift(load(rec)[0], trained, bounds, rows)
+    assert json.loads((shift_task.out_dir / "shift.json").read_text()) == json.loads(json.dumps(want))
