@@ -35,10 +35,10 @@ def _stop(task):
 
 # the graphs measured, small: every model-touching family of the tiny experiment and of healing from the logit store
 GRAPHS = {
-    "tiny": ("RunExperiment", "tiny", "corpus.max_tokens=2048 train.max_steps=2 eval.max_sequences=4 "
-                                      "eval.context_sequences=1"),
-    "heal_topk_tiny": ("RunExperiment", "heal_topk_tiny", "corpus.max_tokens=2048 train.max_steps=2 heal.steps=1 "
-                                                          "eval.max_sequences=4 eval.context_sequences=1"),
+    "tiny": ("RunExperiment", "tiny", ("corpus.max_tokens=2048 train.max_steps=2 eval.max_sequences=4 "
+                                       "eval.context_sequences=1")),
+    "heal_topk_tiny": ("RunExperiment", "heal_topk_tiny", ("corpus.max_tokens=2048 train.max_steps=2 heal.steps=1 "
+                                                           "eval.max_sequences=4 eval.context_sequences=1")),
 }
 
 

@@ -151,7 +151,12 @@ def test_after_a_one_block_change_no_task_runs_the_teacher_and_the_shift_is_the_
         return m
 
     load, base, run = zteacher.load, teacher_weights.load_base, StreamedTeacher.run
-    monkeypatch.setattr(zteacher, "load", lambda *a, **k: (lambda r: (counted(r[0]), r[1]))(load(*a, **k)))
+
+    def counted_load(*a, **k):
+        model, tok = load(*a, **k)
+        return counted(model), tok
+
+    monkeypatch.setattr(zteacher, "load", counted_load)
     monkeypatch.setattr(teacher_weights, "load_base", lambda *a, **k: counted(base(*a, **k)))
     monkeypatch.setattr(StreamedTeacher, "run", lambda self, *a, **k: forwards.append("streamed") or run(self, *a, **k))
     ok, ran = run_graph(RunExperiment(preset="tiny", set="blocks.1.lr=5e-4", outputs=out))
