@@ -50,9 +50,19 @@ class ScoreAssembled(_Score, _StudentTask):
 
     def load_model(self):
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from zgcore.models.families import ADAPTERS
+        from zgcore.models.teacher_stream import StreamedTeacher, activation_bytes, plan
 
         folder = self.model_requires()["model"].out_dir / "model"
+        cfg = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        if cfg.model_type in ADAPTERS:  # a student of the teacher's own family streams as the teacher does
+            rec = {"path": str(folder), "gguf_file": None}
+            n = int(self.eval.get("max_sequences") or 0) or 64
+            act = activation_bytes(n, int(self.corpus["seq_len"]), int(cfg.hidden_size), "float32", 1)
+            if plan(rec, int(cfg.num_hidden_layers), "float32", self.device, True, act):
+                return StreamedTeacher(rec, head=True, device=self.device)
         # trust_remote_code: a converted student's folder carries its modelling code (zgcore.models.hf_converted_llama)
         return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=True).to(self.device)
 
@@ -63,7 +73,10 @@ class ScoreAssembled(_Score, _StudentTask):
 
         tok = teacher_tokenizer(self.teacher_task())
         ids = tok("The", return_tensors="pt").input_ids.to(self.device)
-        out = model.generate(ids, max_new_tokens=SAMPLE_TOKENS, do_sample=False)[0]
+        if hasattr(model, "precompute"):  # streamed: greedy, a whole forward per token (no cache)
+            out = _greedy(model, ids, SAMPLE_TOKENS)[0]
+        else:
+            out = model.generate(ids, max_new_tokens=SAMPLE_TOKENS, do_sample=False)[0]
         return {"sample": tok.decode(out, skip_special_tokens=True),
                 "model_dir": str(self.model_requires()["model"].out_dir / "model")}
 
@@ -150,3 +163,17 @@ def _layer_parameters(source) -> dict:
         return {"layers": [source.layer_numel(i) for i in range(int(source.config.num_hidden_layers))],
                 "width": int(source.config.get_text_config().hidden_size)}
     return flops.decoder_parameters(source)
+
+
+def _greedy(model, ids, new: int):
+    """Greedy decoding of ``new`` tokens after ``ids`` ``[1, T]`` by whole forwards, stopping at the
+    config's end-of-sequence id: the sample of a streamed student."""
+    import torch
+
+    eos = getattr(model.config, "eos_token_id", None)
+    for _ in range(new):
+        nxt = model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt.to(ids.device)], 1)
+        if eos is not None and int(nxt) in (eos if isinstance(eos, list) else [eos]):
+            break
+    return ids

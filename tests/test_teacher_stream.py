@@ -181,3 +181,11 @@ def test_after_a_one_block_change_no_task_runs_the_teacher_and_the_shift_is_the_
     trained = load_blocks(load(rec)[0], shift_task.block_tasks())
     want = metrics.boundary_shift(load(rec)[0], trained, bounds, rows)
     assert json.loads((shift_task.out_dir / "shift.json").read_text()) == json.loads(json.dumps(want))
+
+
+def test_a_streamed_student_s_sample_is_greedy_generation_s(teachers):
+    from tasks.score_student import _greedy
+
+    rec, ids = teachers["qwen2"], torch.tensor([[84, 104]])
+    want = load(rec)[0].generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(_greedy(StreamedTeacher(rec, head=True), ids, 6), want)
