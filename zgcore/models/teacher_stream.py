@@ -177,8 +177,9 @@ class StreamedTeacher(nn.Module):
             return cls.from_config(cfg, attn_implementation=attn_implementation(cfg), dtype=self.dtype)
 
     def _fill(self, model: nn.Module, sd: dict[str, torch.Tensor], unused: str | None = None) -> nn.Module:
-        """``model`` (built on meta) with ``sd`` assigned; parameters left unfilled are zeros when their
-        name does not start with ``unused``'s complement (a layer body's embedding), else a ``KeyError``."""
+        """``model`` (built on meta) with ``sd`` assigned, in the layers' dtype, on the device. A parameter
+        left unfilled raises ``KeyError``, except, with ``unused`` (the prefix of a body's layers), one
+        outside that prefix (the one-token embedding, GPT-2's positions): zeros, never read."""
         model.load_state_dict({k: v.to(self.dtype) for k, v in sd.items()}, strict=False, assign=True)
         if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "tie_weights"):
             model.tie_weights()
