@@ -172,7 +172,8 @@ class ScoreBlock(_TeacherTask):
 
     def run(self):
         from zgcore.device import resolve
-        from zgcore.models.teacher_weights import layer_source, load_base
+        from zgcore.models.teacher_stream import teacher_for
+        from zgcore.models.teacher_weights import layer_source
 
         req = self.requires()
         div = search.diverged(req["block"])
@@ -187,7 +188,7 @@ class ScoreBlock(_TeacherTask):
         tune, who = dict(self.train.get("tune") or {}), f"train.lrs (block {self.block})"
         if self.train["targets"] == "online":  # the teacher over the tuning rows only (its loss scale comes from them too)
             val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
-            source = boundary_store.OnlineBoundaries(load_base(rec, meta["end"], self.boundary["teacher_dtype"], self.device),
+            source = boundary_store.OnlineBoundaries(teacher_for(rec, meta["end"], self.boundary["teacher_dtype"], self.device),
                                                      val[search.tune_rows(len(val), tune, who)], [meta["start"], meta["end"]],
                                                      self.boundary["dtype"], int(self.boundary["batch_size"]),
                                                      codec.settings(self.boundary))

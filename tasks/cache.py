@@ -100,13 +100,22 @@ class BoundaryShard(_ShardTask):
                 "format_version": boundary_store.FORMAT_VERSION}
 
     def run(self):
-        from zgcore.models.teacher_weights import load_base
+        import numpy as np
+        import torch
+
+        from zgcore.models.teacher_stream import activation_bytes, teacher_for
 
         rss = PeakRSS().start()  # this shard task's peak resident memory (recorded in shard.json)
         rec = teacher_record(self.teacher_task())
         bs = resolve_boundaries(self.boundary, rec["n_layers"])
         rows = self.rows()
-        model = load_base(rec, max(bs), self.boundary["teacher_dtype"], self.device)
+        dt = self.boundary["teacher_dtype"]
+        # the whole teacher up to the last boundary, or (teacher_stream) its layers one at a time over the whole shard
+        act = activation_bytes(*rows.shape, rec["hidden_size"], dt, len(bs))
+        model = teacher_for(rec, max(bs), dt, self.device, activations=act)
+        if hasattr(model, "precompute"):  # at the writer's first batch, inside its timing
+            model.precompute([torch.from_numpy(r[None].astype(np.int64)) for r in rows], bs, lazy=True,
+                             progress=lambda d, n: self.progress(d, n, f"teacher layer {d}/{n} over {len(rows)} sequences"))
         with self.building() as tmp:
             r = boundary_store.write_shard(tmp, model, rows, self.split, self.lo, bs, self.boundary["dtype"],
                                            int(self.boundary["batch_size"]), self.cache_extra(rec),

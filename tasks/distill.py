@@ -147,7 +147,7 @@ class DistillE2E(_DistillTask):
 
         n_train = int(corpus.read_meta(self.corpus_task().out_dir / "tokens.h5")["n_train"])
         head = None
-        if teacher is None:  # cached targets: never the whole teacher
+        if teacher is None or hasattr(teacher, "precompute"):  # cached targets or a streamed teacher: never the whole
             rec = teacher_record(self.teacher_task())
             teacher, head = layer_source(rec, self.device), load_head(rec, self.device)
         bounds = resolve_boundaries(self.boundary, int(teacher.config.get_text_config().num_hidden_layers))

@@ -78,8 +78,13 @@ class _DistillTask(Resumable, _StudentTask):
             if self.cached():  # the tokenizer only: the targets are in the store
                 teacher, tok = None, teacher_tokenizer(self.teacher_task())
                 store = self.requires()["logits"].out_dir
-            else:
-                rec, (teacher, tok) = self.load_teacher()
+            else:  # the whole teacher, or (teacher_stream) its layers one at a time, every step
+                from zgcore.models.teacher_stream import teacher_for
+
+                from .teacher import teacher_record
+
+                rec, tok = teacher_record(self.teacher_task()), teacher_tokenizer(self.teacher_task())
+                teacher = teacher_for(rec, rec["n_layers"], "float32", self.device, head=True)
             tokens = corpus.read_tokens(self.corpus_task().out_dir / "tokens.h5", "train")
             student, pairs, extra = self.start_student(teacher)
             h = self.settings()

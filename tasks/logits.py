@@ -57,14 +57,22 @@ class TeacherLogits(_LogitTask, _ShardTask):
                 "format_version": boundary_store.FORMAT_VERSION}
 
     def run(self):
+        import numpy as np
+        import torch
+
         from zgcore.device import autocast, resolve
-        from zgcore.models.teacher import load
+        from zgcore.models.teacher_stream import activation_bytes, teacher_for
 
         rss = PeakRSS().start()
         rec = teacher_record(self.teacher_task())
         rows = self.rows()
-        model, _ = load(rec, self.device)
+        # the whole causal LM, or (teacher_stream) its layers one at a time over the whole shard, one sequence a batch
+        model = teacher_for(rec, rec["n_layers"], "float32", self.device, head=True,
+                            activations=activation_bytes(*rows.shape, rec["hidden_size"], "float32", 0))
         k, t = int(self.logits["top_k"]), float(self.logits["temperature"])
+        if hasattr(model, "precompute"):  # at the writer's first sequence, inside its timing
+            model.precompute([torch.from_numpy(r[None].astype(np.int64)) for r in rows], head=True, lazy=True,
+                             progress=lambda d, n: self.progress(d, n, f"teacher layer {d}/{n}"))
         with self.building() as tmp, autocast(resolve(self.device)):
             r = logit_store.write_logit_shard(tmp, model, rows, self.split, self.lo, k, t, int(self.boundary["batch_size"]),
                                               self.cache_extra(rec), peak_rss=rss.stop,

@@ -136,14 +136,17 @@ class _Score(_TeacherTask):
         tokens = all_rows[idx]
         model = self.load_model()
         t0 = time.perf_counter()
+        n_ctx = min(int(self.eval["context_sequences"]), len(tokens)) \
+            if self.in_domain_test() and int(self.eval.get("context_sequences", 0)) else 0
+        if hasattr(model, "precompute"):  # streamed (teacher_stream): every batch below, one layer at a time
+            model.precompute(metrics.scoring_batches(tokens, int(self.eval["batch_size"]), n_ctx,
+                                                     int(self.eval.get("context_window", 16))), head=True,
+                             progress=lambda d, n: self.progress(d, n, f"{self.key} layer {d}/{n}"))
         per_seq = metrics.sequence_cross_entropy(model, tokens, int(self.eval["batch_size"]),
                                                  desc=f"CE {self.key} on {self.set_name()}")
         if not np.isfinite(per_seq).all():
             raise ValueError(f"{self.title()}: a held-out cross-entropy is not finite")
-        cu, n_ctx = None, 0
-        if self.in_domain_test() and int(self.eval.get("context_sequences", 0)):
-            n_ctx = min(int(self.eval["context_sequences"]), len(tokens))
-            cu = metrics.context_use(model, tokens[:n_ctx], int(self.eval["context_window"]))
+        cu = metrics.context_use(model, tokens[:n_ctx], int(self.eval["context_window"])) if n_ctx else None
         seconds = time.perf_counter() - t0
         par = model_parameters(model)
         work = flops.scoring_flops(par, len(tokens), tokens.shape[1], n_ctx, int(self.eval.get("context_window", 0)))
@@ -167,8 +170,14 @@ class ScoreTeacher(_Score):
     key = "teacher"
 
     def load_model(self):
-        _rec, (teacher, _tok) = self.load_teacher()
-        return teacher
+        from zgcore.models.teacher_stream import activation_bytes, teacher_for
+
+        from .teacher import teacher_record
+
+        rec = teacher_record(self.teacher_task())
+        n = int(self.eval.get("max_sequences") or 0) or 64  # the rows scored (at most), for the streamed plan
+        act = activation_bytes(n, int(self.corpus["seq_len"]), rec["hidden_size"], "float32", 1)
+        return teacher_for(rec, rec["n_layers"], "float32", self.device, head=True, activations=act)
 
 
 class ScoreUntrained(_Score):

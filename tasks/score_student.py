@@ -49,9 +49,19 @@ class ScoreAssembled(_Score, _StudentTask):
 
     def load_model(self):
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from zgcore.models.families import ADAPTERS
+        from zgcore.models.teacher_stream import StreamedTeacher, activation_bytes, plan
 
         folder = self.model_requires()["model"].out_dir / "model"
+        cfg = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+        if cfg.model_type in ADAPTERS:  # a student of the teacher's own family streams as the teacher does
+            rec = {"path": str(folder), "gguf_file": None}
+            n = int(self.eval.get("max_sequences") or 0) or 64
+            act = activation_bytes(n, int(self.corpus["seq_len"]), int(cfg.hidden_size), "float32", 1)
+            if plan(rec, int(cfg.num_hidden_layers), "float32", self.device, True, act):
+                return StreamedTeacher(rec, head=True, device=self.device)
         # trust_remote_code: a converted student's folder carries its modelling code (zgcore.models.hf_converted_llama)
         return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=True).to(self.device)
 
@@ -62,7 +72,10 @@ class ScoreAssembled(_Score, _StudentTask):
 
         tok = teacher_tokenizer(self.teacher_task())
         ids = tok("The", return_tensors="pt").input_ids.to(self.device)
-        out = model.generate(ids, max_new_tokens=SAMPLE_TOKENS, do_sample=False)[0]
+        if hasattr(model, "precompute"):  # streamed: greedy, a whole forward per token (no cache)
+            out = _greedy(model, ids, SAMPLE_TOKENS)[0]
+        else:
+            out = model.generate(ids, max_new_tokens=SAMPLE_TOKENS, do_sample=False)[0]
         return {"sample": tok.decode(out, skip_special_tokens=True),
                 "model_dir": str(self.model_requires()["model"].out_dir / "model")}
 
@@ -85,20 +98,54 @@ class BoundaryShift(_StudentTask):
     def label(self):
         return "shift"
 
+    def store_task(self):
+        """The teacher cache whose ``val`` shards hold the teacher's boundaries this task needs, bitwise
+        as its forward gives them (float32 teacher and storage), when the experiment builds it (a block
+        with cached targets); else None: the teacher runs here."""
+        b = self.boundary
+        if b["dtype"] != "float32" or b["teacher_dtype"] != "float32" or \
+                not any(t["targets"] == "cached" for t in self.blocks):
+            return None
+        from .cache import TeacherBoundary
+
+        return TeacherBoundary(teacher=self.teacher, corpus=self.corpus, boundary=self.boundary, outputs=self.outputs,
+                               device=self.device)
+
+    def dynamic_upstream(self):
+        store = self.store_task()
+        return [store] if store is not None else []
+
     def run(self):
-        req = self.requires()
-        _rec, (teacher, _tok) = self.load_teacher()
+        from zgcore.data import boundary_store
+        from zgcore.device import resolve
+        from zgcore.models.teacher_stream import teacher_for
+        from zgcore.models.teacher_weights import layer_source
+
+        from .teacher import teacher_record
+
+        req, store = self.requires(), self.store_task()
+        if store is not None:
+            yield store  # complete already: the cached blocks trained on it
+        rec = teacher_record(self.teacher_task())
         val = corpus.read_tokens(req["corpus"].out_dir / "tokens.h5", "val")
-        val = val[metrics.eval_subset(len(val), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))]
+        idx = metrics.eval_subset(len(val), int(self.eval["max_sequences"]), int(self.eval["subset_seed"]))
         blocks = [json.loads(t.checked("metrics.json").read_text()) for t in req["blocks"]]
         bounds = [b["start"] for b in blocks] + [blocks[-1]["end"]]
-        rows = val[: min(int(self.eval["context_sequences"]) or 4, len(val))]
-        trained = load_blocks(teacher, req["blocks"], "block")
+        idx = idx[: min(int(self.eval["context_sequences"]) or 4, len(idx))]
+        rows = val[idx]
+        source = layer_source(rec, self.device)
+        trained = [b.to(resolve(self.device)) for b in load_blocks(source, req["blocks"], "block")]
         t0 = time.perf_counter()
-        shift = metrics.boundary_shift(teacher, trained, bounds, rows)
+        if store is not None:  # the teacher's validation boundaries as stored: no teacher forward
+            with boundary_store.BoundaryReader(store.out_dir) as r:
+                bd = {b: r.read("val", b, idx).float() for b in bounds}
+            shift = metrics.boundary_shift(None, trained, bounds, rows, teacher_boundaries=bd)
+        else:
+            teacher = teacher_for(rec, bounds[-1], "float32", self.device)
+            shift = metrics.boundary_shift(teacher, trained, bounds, rows)
         seconds = time.perf_counter() - t0
         # the teacher to the last boundary once; every block on the teacher's, the chain's and each noisy input
-        par, T = flops.model_parameters(teacher), rows.shape[1]
+        par, T = _layer_parameters(source), rows.shape[1]
         student = [sum(p.numel() for p in layer.parameters()) for b in trained for layer in b.layers]
         work = int(rows.size) * (flops.layers_forward(par["layers"][: bounds[-1]], T, par["width"])
                                  + (2 + len(shift["scales"])) * flops.layers_forward(student, T, par["width"]))
@@ -106,3 +153,26 @@ class BoundaryShift(_StudentTask):
             write_json(tmp / SHIFT, shift)
             write_json(tmp / METRICS, {"seconds": seconds, **mfu.utilisation(work, seconds, self.device)})
         self.log("drift " + ", ".join(f"b{d['boundary']}: {d['relative_error']:.4f}" for d in shift["drift"]))
+
+
+def _layer_parameters(source) -> dict:
+    """``{"layers": [P per decoder layer], "width": d}`` of the teacher behind a layer source (safetensors
+    headers, or the loaded teacher)."""
+    if hasattr(source, "layer_numel"):
+        return {"layers": [source.layer_numel(i) for i in range(int(source.config.num_hidden_layers))],
+                "width": int(source.config.get_text_config().hidden_size)}
+    return flops.decoder_parameters(source)
+
+
+def _greedy(model, ids, new: int):
+    """Greedy decoding of ``new`` tokens after ``ids`` ``[1, T]`` by whole forwards, stopping at the
+    config's end-of-sequence id: the sample of a streamed student."""
+    import torch
+
+    eos = getattr(model.config, "eos_token_id", None)
+    for _ in range(new):
+        nxt = model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt.to(ids.device)], 1)
+        if eos is not None and int(nxt) in (eos if isinstance(eos, list) else [eos]):
+            break
+    return ids

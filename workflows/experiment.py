@@ -116,6 +116,7 @@ def load_config(config: str = "", overrides: str = "", preset: str = "", seeded_
     check_kv_heads(cfg)
     check_mixers(cfg, info.model_type)
     warn_teacher_copies(cfg, info.n_layers, info.mlp_width)
+    stream_teacher(cfg)
     if int(cfg["heal"]["steps"]) and cfg.get("seeds") and not seeded_heal:
         raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0 "
                                   "(DistillStudy heals every seed's student)")
@@ -145,6 +146,14 @@ def warn_teacher_copies(cfg: dict[str, Any], n_layers: int, mlp_width: int | Non
     if copies and msg not in _WARNED:
         _WARNED.add(msg)
         print(msg, file=sys.stderr, flush=True)
+def stream_teacher(cfg: dict[str, Any]) -> None:
+    """Hand ``teacher_stream`` to this process's tasks and their workers (the environment's
+    :data:`zgcore.models.teacher_stream.ENV`): how the teacher runs, never what it computes (not hashed)."""
+    import os
+
+    from zgcore.models.teacher_stream import ENV
+
+    os.environ[ENV] = str(cfg["teacher_stream"]).lower()
 
 
 def check_mixers(cfg: dict[str, Any], model_type: str) -> None:

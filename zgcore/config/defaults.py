@@ -48,6 +48,9 @@ DEFAULTS: dict[str, Any] = {
     "name": "default",  # the experiment's name, shown in reports; not hashed
     "teacher": "smollm2-135m",  # smollm2-135m | tiny-<family> | a Hugging Face folder | a .gguf file | a Hub id org/name
     "device": "cpu",  # torch device of the cache build, blocks, assembly and evaluation (cpu, cuda, cuda:1); not hashed
+    # "auto" | true | false: run the teacher layer by layer over stored tokens (one decoder layer held at a time; the
+    # same bytes); "auto" streams when the whole teacher does not fit the device's free memory; not hashed
+    "teacher_stream": "auto",
     "seeds": None,  # e.g. [0, 1, 2]: one set of blocks and one student per seed (train.seed replaced), one cache
     "corpus": {
         # "pydoc" = the English reference text shipped in the standard library (pydoc_data.topics);
@@ -166,7 +169,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # Keys that change where results land but not what is computed are never hashed.
-UNHASHED_TOP = {"name", "device"}
+UNHASHED_TOP = {"name", "device", "teacher_stream"}
 KEEP_POLICIES = ("spread", "first", "last", "importance")
 INITS = ("teacher", "random")
 MIXERS = ("softmax", "window", "linear", "linear_window", "none")  # zgcore.models.hf_converted_llama.MIXERS

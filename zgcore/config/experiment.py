@@ -175,6 +175,8 @@ def _validate_static(cfg: dict[str, Any]) -> None:
         torch.device(cfg["device"])
     except (RuntimeError, TypeError):
         raise ConfigError(f"device must be a torch device such as 'cpu', 'cuda' or 'cuda:1', got {cfg['device']!r}") from None
+    if cfg["teacher_stream"] not in ("auto", True, False):
+        raise ConfigError(f'teacher_stream must be "auto", true or false, got {cfg["teacher_stream"]!r}')
     c = cfg["corpus"]
     validate_corpus(c)
     b = cfg["boundary"]

@@ -28,6 +28,8 @@ def model_parameters(model) -> dict[str, Any]:
     (``torch.nn.Module`` with ``get_output_embeddings``)."""
     from zgcore.models.adapters import adapter_for
 
+    if hasattr(model, "flop_parameters"):  # a streamed teacher counts from its files' headers
+        return model.flop_parameters(head=True)
     layers = adapter_for(model).decoder_layers(model)
     cfg = model.config.get_text_config()
     return {"layers": [int(sum(p.numel() for p in layer.parameters())) for layer in layers],
@@ -39,6 +41,8 @@ def decoder_parameters(model) -> dict[str, Any]:
     head (e.g. the teacher's base model the cache build runs)."""
     from zgcore.models.adapters import adapter_for
 
+    if hasattr(model, "flop_parameters"):
+        return model.flop_parameters(head=False)
     layers = adapter_for(model).decoder_layers(model)
     return {"layers": [int(sum(p.numel() for p in layer.parameters())) for layer in layers],
             "width": int(model.config.get_text_config().hidden_size)}

@@ -154,11 +154,7 @@ def context_use(model: torch.nn.Module, tokens: np.ndarray, window: int = 16, ba
         row = ids[i: i + 1]
         logits = model(input_ids=row, use_cache=False).logits[0, first - 1: seq_len - 1].float()
         full_sum += F.cross_entropy(logits, row[0, first:], reduction="sum").item()
-        # windows ending at each context position t = first-1 .. seq_len-2, each W tokens long
-        starts = torch.arange(first - window, seq_len - 1 - window + 1, device=device)
-        win = torch.stack([row[0, s: s + window] for s in starts.tolist()])
-        for lo in range(0, len(win), batch_size):
-            chunk = win[lo: lo + batch_size]
+        for lo, chunk in _window_chunks(row, window, batch_size):
             wl = model(input_ids=chunk, use_cache=False).logits[:, -1].float()
             tgt = row[0, first + lo: first + lo + len(chunk)]
             win_sum += F.cross_entropy(wl, tgt, reduction="sum").item()
@@ -167,9 +163,33 @@ def context_use(model: torch.nn.Module, tokens: np.ndarray, window: int = 16, ba
     return {"full": full, "window": windowed, "context_use": windowed - full}
 
 
+def _window_chunks(row: torch.Tensor, window: int, batch_size: int):
+    """``(offset, ids [<= batch_size, window])`` of :func:`context_use`'s restricted condition for one
+    row ``[1, seq_len]``: the windows ending at each context position ``seq_len//2 - 1 .. seq_len - 2``."""
+    seq_len = row.shape[1]
+    first = seq_len // 2
+    starts = torch.arange(first - window, seq_len - 1 - window + 1, device=row.device)
+    win = torch.stack([row[0, s: s + window] for s in starts.tolist()])
+    return [(lo, win[lo: lo + batch_size]) for lo in range(0, len(win), batch_size)]
+
+
+def scoring_batches(tokens: np.ndarray, batch_size: int, context_rows: int = 0, window: int = 16,
+                    context_batch: int = 64) -> list[torch.Tensor]:
+    """Every id batch (int64, CPU) that :func:`sequence_cross_entropy` (``batch_size``) and
+    :func:`context_use` on the first ``context_rows`` rows (``window``, ``context_batch``) run a model
+    on, in their order: what a streamed teacher runs layer by layer ahead of them."""
+    ids = torch.as_tensor(tokens, dtype=torch.long)
+    out = [ids[lo: lo + batch_size] for lo in range(0, len(ids), batch_size)]
+    for i in range(int(context_rows)):
+        out.append(ids[i: i + 1])
+        out += [c for _, c in _window_chunks(ids[i: i + 1], window, context_batch)]
+    return out
+
+
 @torch.no_grad()
-def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int], tokens: np.ndarray,
-                   scales: tuple[float, ...] = (0.05, 0.2, 0.5), seed: int = 0) -> dict[str, Any]:
+def boundary_shift(teacher: torch.nn.Module | None, blocks: list, boundaries: list[int], tokens: np.ndarray,
+                   scales: tuple[float, ...] = (0.05, 0.2, 0.5), seed: int = 0,
+                   teacher_boundaries: Mapping[int, torch.Tensor] | None = None) -> dict[str, Any]:
     """How each trained block behaves off the teacher's trajectory, and how far the assembled
     student's residual stream drifts from the teacher's.
 
@@ -180,6 +200,9 @@ def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int]
         teacher: frozen causal LM. blocks: the K trained student blocks in order.
         boundaries: b0 .. bK. tokens: held-out ids ``[n, seq_len]``.
         scales: noise levels (multiples of each channel's RMS) added to teacher inputs.
+        teacher_boundaries: the teacher's boundaries of ``tokens`` ``{b: float32 [n, seq_len, hidden]}`` as
+            :func:`~zgcore.models.adapters.capture_boundaries` gives them (e.g. read from the boundary
+            store's validation shards); then ``teacher`` may be None and never runs.
 
     Returns:
         ``{"blocks": [{"block", "teacher_input", "student_input", "noisy_input": {scale: err}}],
@@ -195,9 +218,12 @@ def boundary_shift(teacher: torch.nn.Module, blocks: list, boundaries: list[int]
     from zgcore.data.boundary_store import channel_rms
     from zgcore.training.objectives import regression_loss
 
-    device = next(teacher.parameters()).device
-    ids = torch.as_tensor(tokens, dtype=torch.long, device=device)
-    bd = capture_boundaries(teacher, ids, boundaries)
+    if teacher_boundaries is not None:
+        device = next(blocks[0].parameters()).device
+        bd = {b: teacher_boundaries[b].to(device) for b in boundaries}
+    else:
+        device = next(teacher.parameters()).device
+        bd = capture_boundaries(teacher, torch.as_tensor(tokens, dtype=torch.long, device=device), boundaries)
     scale = {b: channel_rms(h).to(h.device) for b, h in bd.items()}
     gen = torch.Generator().manual_seed(seed)
     rows, drift = [], [{"boundary": boundaries[0], "relative_error": 0.0}]

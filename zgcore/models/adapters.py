@@ -162,8 +162,11 @@ def capture_boundaries(teacher: nn.Module, input_ids: torch.Tensor, boundaries: 
     batch it comes in: a matrix product's rounding may depend on how many rows it has (MKL's AVX2
     kernels do; its AVX-512 ones here did not, which hid it), and the cache build's batches are not
     training's. That is what makes cached and online targets bitwise identical on any machine, as
-    :func:`zgcore.data.logit_store.online_targets` does for the top-k logits.
+    :func:`zgcore.data.logit_store.online_targets` does for the top-k logits. A streamed teacher
+    (:class:`zgcore.models.teacher_stream.StreamedTeacher`) answers with its own, equal, capture.
     """
+    if hasattr(teacher, "capture"):
+        return teacher.capture(input_ids, boundaries)
     if input_ids.shape[0] > 1:
         first = capture_boundaries(teacher, input_ids[:1], boundaries)
         out = {b: h.new_empty((input_ids.shape[0], *h.shape[1:])) for b, h in first.items()}  # filled row by row

@@ -63,17 +63,42 @@ class LazyLayers:
         return out
 
 
-    def other_weights(self) -> dict[str, torch.Tensor]:
+    def other_weights(self, base_only: bool = False) -> dict[str, torch.Tensor]:
         """Every tensor that belongs to no decoder layer (embedding, final norm, LM head), keyed as
-        in the causal LM's ``state_dict`` (stored dtype, CPU); no layer's tensor is read."""
+        in the causal LM's ``state_dict`` (stored dtype, CPU); no layer's tensor is read.
+        ``base_only``: only the base model's (no LM head)."""
         from safetensors import safe_open
 
-        keys = [k for k in self._where if not k.startswith(self._prefix)]
+        keys = self._other_keys(base_only)
         out = {}
         for f in sorted({self._where[k] for k in keys}):
             with safe_open(str(f), framework="pt") as g:
                 out.update({k: g.get_tensor(k) for k in keys if self._where[k] == f})
         return out
+
+    def _other_keys(self, base_only: bool) -> list[str]:
+        base = self._prefix.split(".")[0] + "."
+        return [k for k in self._where if not k.startswith(self._prefix) and (not base_only or k.startswith(base))]
+
+    def _numel(self, keys) -> int:
+        from safetensors import safe_open
+
+        n = 0
+        for f in sorted({self._where[k] for k in keys}):
+            with safe_open(str(f), framework="pt") as g:
+                for k in keys:
+                    if self._where[k] == f:
+                        shape = g.get_slice(k).get_shape()
+                        n += int(torch.Size(shape).numel())
+        return n
+
+    def layer_numel(self, i: int) -> int:
+        """Elements of decoder layer ``i``'s weights, from the files' headers (nothing read)."""
+        return self._numel([k for k in self._where if k.startswith(f"{self._prefix}{i}.")])
+
+    def other_numel(self, head: bool = True) -> int:
+        """Elements of the weights outside the decoder layers (with ``head``, the LM head's too), from the headers."""
+        return self._numel(self._other_keys(not head))
 
 
 def load_head(record: Mapping[str, Any], device: str = "cpu"):

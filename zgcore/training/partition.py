@@ -154,11 +154,11 @@ def _source(job: PartitionJob, tokens, start: int, end: int):
     output boundary, run on the train tokens (online targets)."""
     from zgcore.data import boundary_store
     from zgcore.data.boundary_store import codec
-    from zgcore.models.teacher_weights import load_base
+    from zgcore.models.teacher_stream import teacher_for
 
     if job.train["targets"] != "online":
         return boundary_store.BoundaryReader(job.cache)
-    teacher = load_base(job.teacher, end, job.boundary["teacher_dtype"], job.device)
+    teacher = teacher_for(job.teacher, end, job.boundary["teacher_dtype"], job.device)  # whole, or streamed per batch
     return boundary_store.OnlineBoundaries(teacher, tokens, [start, end], job.boundary["dtype"],
                                            int(job.boundary["batch_size"]), codec.settings(job.boundary))
 
