@@ -11,6 +11,7 @@ import luigi
 
 from zgcore.data import boundary_store, corpus
 from zgcore.evaluation import flops
+from zgcore.config.experiment import effective_train
 from zgcore.training import blocks as ztrain, mfu
 from zgcore.models import students
 from zgcore.models.adapters import build_block, head_logits
@@ -68,7 +69,7 @@ class TrainBlock(search.SearchesLR, Resumable, _TeacherTask):
         return layer_importance(self, self.train)
 
     def own_config(self):
-        t = ztrain.effective_train(canonical(self.train))  # only what can change the result is hashed
+        t = effective_train(canonical(self.train))  # only what can change the result is hashed
         t["boundary"] = cache_settings(self.boundary) if t["targets"] == "online" else None
         return {"block": self.block, "train": t}
 

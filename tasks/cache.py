@@ -26,9 +26,13 @@ SHARD_METRICS = "metrics.json"  # in each BoundaryShard folder: its seconds, FLO
 
 
 def cache_settings(boundary) -> dict[str, Any]:
-    """The boundary settings that change what the cache holds (``shard_sequences`` only changes
-    how its build is split over tasks: the bytes are identical, so it is never hashed)."""
-    return {k: v for k, v in canonical(boundary).items() if k != "shard_sequences"}
+    """The boundary settings that change what the cache holds, as :class:`zgcore.config.schema.Boundary`
+    declares them (``shard_sequences`` only changes how its build is split over tasks: the bytes are
+    identical, so it is never hashed)."""
+    from zgcore.config.fields import hashed_view
+    from zgcore.config.schema import Boundary
+
+    return hashed_view(Boundary, canonical(boundary))
 
 
 def split_sizes(meta: dict[str, Any]) -> dict[str, int]:

@@ -16,7 +16,7 @@ from zgcore.config.defaults import CHOICES, DEFAULTS
 from zgcore.models.hf_converted_llama import (MIXERS, ZGConvertedLlamaConfig, ZGConvertedLlamaForCausalLM,
                                               ZGRecurrentCache)
 from zgcore.models.teacher import tiny_config
-from zgcore.training.blocks import effective_train
+from zgcore.config.experiment import effective_train
 
 WINDOW = 8
 HYBRID = ["softmax", "linear_window", "none", "window"]
