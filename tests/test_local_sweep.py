@@ -62,7 +62,7 @@ def test_bad_sweep_vocab_and_config_lists_fail_at_construction(over, msg):
 def test_workflow_rejects_a_bad_sweep_before_any_task():
     from workflows import LocalLearningStudy
 
-    with pytest.raises(ConfigError, match="study.lrs entry must be a positive number"):
+    with pytest.raises(ConfigError, match=r"study.lrs\[1\]=-1: study.lrs must be a list of distinct numbers > 0"):
         LocalLearningStudy(preset="local_tiny", set="study.lrs=[1e-3,-1]")
     with pytest.raises(ConfigError, match="tune_fraction"):
         LocalLearningStudy(preset="local_tiny", set="study.lrs=[1e-3] study.tune_fraction=2")

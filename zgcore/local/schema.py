@@ -76,6 +76,17 @@ class Local(Section):
     mtp_weight: Float = setting(0.3, "weight of the MTP objective at an MTP boundary", ge=0)
 
 
+class StudyConfig(Section):
+    """One entry of ``study.configs``: a configuration compared (keys left out: the study's own)."""
+
+    K: Int = setting(None, "gradient-isolated blocks", ge=1)
+    aux: AuxHead | Literal["none"] = setting(None, "auxiliary head")
+    mtp: Any = setting(None, "off, first, all or a list of boundaries")
+    lr: Float = setting(None, "peak learning rate", gt=0)
+    execution: Literal["together", "per_block", "pipeline"] = setting(None, "how the blocks are computed")
+    pipeline_sync: Bool = setting(None, "the pipeline's schedule")
+
+
 class Study(Section):
     """The configurations compared."""
 
@@ -85,7 +96,7 @@ class Study(Section):
                                  expect="a list of mlp, transformer")
     mtp: list[Any] = setting(["off", "first", "all"], "MTP at no boundary, the first, or all interior ones",
                              expect="a list of off, first, all or lists of boundaries")
-    configs: list[Any] = setting([], 'explicit configurations instead of the K x aux x mtp product: [{K = 1}, {K = 4, '
+    configs: list[StudyConfig] = setting([], 'explicit configurations instead of the K x aux x mtp product: [{K = 1}, {K = 4, '
                                  'aux = "mlp", mtp = "first"}, ...]; an entry may also set lr, execution and '
                                  "pipeline_sync (arms that differ only in execution are compared)",
                                  expect="a list of tables {K, aux, mtp, lr, execution, pipeline_sync}")
@@ -105,17 +116,6 @@ class Study(Section):
                                       "candidate", expect="a list of seeds")
     flops_matched: Bool = setting(False, 'add "K=1 (e2e, FLOPs-matched)": end to end with as many steps as the most '
                                   "expensive configuration's FLOPs buy")
-
-
-class StudyConfig(Section):
-    """One entry of ``study.configs``: a configuration compared (keys left out: the study's own)."""
-
-    K: Int = setting(None, "gradient-isolated blocks", ge=1)
-    aux: AuxHead | Literal["none"] = setting(None, "auxiliary head")
-    mtp: Any = setting(None, "off, first, all or a list of boundaries")
-    lr: Float = setting(None, "peak learning rate", gt=0)
-    execution: Literal["together", "per_block", "pipeline"] = setting(None, "how the blocks are computed")
-    pipeline_sync: Bool = setting(None, "the pipeline's schedule")
 
 
 class LocalEval(Section):
