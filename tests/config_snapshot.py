@@ -3,7 +3,9 @@ dict, and every task of each workflow's graph with its id, output folder and has
 ``tests/test_config_snapshot.py`` compares it with ``tests/config_snapshot.json``, recorded from the
 code before the settings became declarations, so that no task id moves.
 
-Re-record (only when an id is meant to move): ``PYTHONPATH=$PWD .venv/bin/python -m tests.config_snapshot --write``.
+The suite checks every preset without an override and every override on one tiny preset per schema and graph
+shape (:data:`SUITE`); ``PYTHONPATH=$PWD .venv/bin/python -m tests.config_snapshot --check`` checks all cases
+(a minute or two). Re-record (only when an id is meant to move): ``... -m tests.config_snapshot --write``.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ EXPERIMENT_OVERRIDES = [
     "train.objective=noisy train.noise=0.2", "train.objective=denoise", "train.max_steps=3", "train.n_layers=1",
     "train.lrs=[1e-3,2e-3] eval.max_sequences=4", "blocks.1.lr=5e-4 blocks.0.max_steps=2",
     "train.ce_weight=0.1 train.mtp_weight=0.2 train.mtp_n=3", "train.compile=true", "train.keep=importance",
-    "train.intermediate_size=32", "train.prefetch=0 train.log_every=3 train.checkpoint_every=7 train.tensorboard=false "
-    "train.prefetch_workers=2 train.prefetch_mode=thread", "heal.steps=3 heal.top_k=8",
+    "train.intermediate_size=32",
+    ("train.prefetch=0 train.log_every=3 train.checkpoint_every=7 train.tensorboard=false "
+     "train.prefetch_workers=2 train.prefetch_mode=thread"), "heal.steps=3 heal.top_k=8",
     "heal.steps=3 heal.top_k=8 heal.targets=cached", "heal.steps=2 heal.log_every=1 heal.tensorboard=false",
     "distill.lrs=[1e-4,3e-4] eval.max_sequences=4", "boundary.shard_sequences=16 boundary.batch_size=4",
     "boundary.boundaries=[0,1,2]", "train.batch_size=4.0 train.epochs=2", "library.context=64",
@@ -33,6 +36,10 @@ LOCAL_OVERRIDES = [
     "study.lrs=[1e-3,3e-3]", "train.execution=pipeline", "study.configs=[{K: 1}, {K: 2, execution: pipeline}]",
     "seeds=[0,1]", "model.vocab=full", "local.K=2 local.mtp_boundaries=[1]", "study.flops_matched=true",
 ]
+
+
+# the presets every override is tried on in the suite
+SUITE = ("tiny", "distill_tiny", "library_tiny", "local_tiny")
 
 
 def _digest(obj) -> str:
@@ -89,7 +96,17 @@ def snapshot() -> dict[str, dict]:
     return {f"{p} | {o}": record(p, o) for p, o in cases()}
 
 
+def moved(keys) -> list[str]:
+    """The cases among ``keys`` (``"<preset> | <override>"``) whose record differs from the snapshot's."""
+    want = json.loads(SNAPSHOT.read_text())
+    return [k for k in keys if record(*k.split(" | ", 1)) != want[k]]
+
+
 if __name__ == "__main__":
+    if "--check" in sys.argv:
+        bad = moved([f"{p} | {o}" for p, o in cases()])
+        print(f"{len(cases()) - len(bad)} of {len(cases())} cases as recorded; moved: {bad}")
+        sys.exit(1 if bad else 0)
     snap = snapshot()
     if "--write" in sys.argv:
         SNAPSHOT.write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")

@@ -24,7 +24,7 @@ def test_the_reference_is_up_to_date():
 def test_every_key_has_its_default_and_a_meaning():
     text = config_doc.markdown()
     for title, _, model in config_doc.sections():
-        rows = re.findall(r"^\| `([^`]+)` \|", _section(text, title), re.M)
+        rows = re.findall(r"^\| `([^`]+)` \|", _section(text, title), re.MULTILINE)
         keys = [k for k, _ in fields.settings(model)]
         assert rows == keys and len(keys) > 30
         missing = [k for k, f in fields.settings(model) if not f.description]
@@ -55,7 +55,7 @@ def test_every_key_a_preset_sets_is_documented():
     assert len(presets) >= 8
     for p in presets:
         title = "LocalLearningStudy" if p.stem.startswith("local_") else "RunExperiment, ObjectiveStudy, DistillStudy"
-        documented = set(re.findall(r"^\| `([^`]+)` \|", _section(text, title), re.M))
+        documented = set(re.findall(r"^\| `([^`]+)` \|", _section(text, title), re.MULTILINE))
         keys = set(_preset_keys(tomllib.loads(p.read_text())))
         assert keys and keys <= documented, (p.name, sorted(keys - documented))
 

@@ -102,7 +102,7 @@ def test_settings_are_enumerated_from_the_declarations():
 def test_every_setting_is_documented_and_checked(schema, key, f):
     title = reference.sections()[list(SCHEMAS).index(schema)][0]
     page = reference.DOC.read_text().split(f"## {title}", 1)[1].split("\n## ", 1)[0]
-    row = re.search(rf"^\| `{re.escape(key)}` \| (.*?) \| `(.*?)` \| (.*?) \| (.*?) \| (.*?) \|$", page, re.M)
+    row = re.search(rf"^\| `{re.escape(key)}` \| (.*?) \| `(.*?)` \| (.*?) \| (.*?) \| (.*?) \|$", page, re.MULTILINE)
     assert row, f"{key} has no row in docs/configuration.md"
     typ, default, allowed = (x.replace("\\|", "|") for x in row.groups()[:3])
     assert typ == reference.type_text(f.annotation) and typ

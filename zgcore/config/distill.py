@@ -5,7 +5,8 @@ themselves are declared in :mod:`zgcore.config.schema` (:class:`~zgcore.config.s
 import it; the training itself is :mod:`zgcore.training.distill`."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from zgcore.checks import ConfigError
 from zgcore.config.fields import check_section, hashed_view

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import copy
 import difflib
-from typing import Annotated, Any, Callable, Literal, Mapping, Union, get_args, get_origin
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types as at
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr, ValidationError
@@ -211,6 +212,9 @@ def _one_line(model: type[BaseModel], err: Mapping[str, Any], name_of: Callable[
             path, pending, item = f"{path}.{part}", None, True
             continue
         fields = where.model_fields if where is not None else {}
+        if field is not None and isinstance(part, str) and part.startswith(("list[", "dict[")) and not pending:
+            pending = part[:4]  # the member of a union pydantic tried: list[...] or dict[...]
+            continue
         if isinstance(part, str) and part in fields:
             path = name_of(part) if field is None else f"{path}.{part}"
             field, where, pending, item = fields[part], _item_model(fields[part].annotation), \

@@ -11,7 +11,8 @@ Adding a setting is one line in its section, e.g. ``codec: Literal["none", "zstd
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 

@@ -5,7 +5,8 @@ Imports no torch.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
