@@ -44,7 +44,7 @@ def bad_value(f) -> tuple[Any, str] | None:
     ann, _ = _strip(f.annotation)
     while hasattr(ann, "__metadata__"):
         ann = get_args(ann)[0]
-    lo, hi = fields._bounds(f)
+    lo, hi = fields.bounds_of(f)
     if extra.get("choices") or get_origin(ann) is Literal or (get_origin(ann) is Union and any(
             get_origin(a) is Literal for a in get_args(ann))):
         return "no-such-choice", "choice"

@@ -90,7 +90,8 @@ def section(model: type[BaseModel]) -> Any:
 
 # ----------------------------------------------------------------------------- what a value must be
 
-def _bounds(field) -> tuple[str, str]:
+def bounds_of(field) -> tuple[str, str]:
+    """A field's declared bounds as text, ``(lower, upper)``: e.g. ``(">= 1", "")``, ``("> 0", "<= 1")``."""
     lo = hi = ""
     for m in field.metadata:
         if isinstance(m, at.Ge):
@@ -134,7 +135,7 @@ def expects(field, with_bounds: bool = True) -> str:
     args = get_args(field.annotation) if get_origin(field.annotation) in (Union, type(int | None)) else ()
     optional = type(None) in args and len(args) == 2
     kind = _kind(next(a for a in args if a is not type(None)) if optional else field.annotation)
-    lo, hi = _bounds(field)
+    lo, hi = bounds_of(field)
     null = " or null" if optional else ""
     if not with_bounds or not (lo or hi):
         return kind + null
