@@ -9,6 +9,7 @@ import json
 
 import luigi
 
+from zgcore.config.experiment import effective_train
 from zgcore.atomic import write_json
 from zgcore.data import boundary_store, corpus
 from zgcore.data.boundary_store import codec
@@ -67,7 +68,7 @@ class TrainBlock(Resumable, _TeacherTask):
         return layer_importance(self, self.train)
 
     def own_config(self):
-        t = ztrain.effective_train(canonical(self.train))  # only what can change the result is hashed
+        t = effective_train(canonical(self.train))  # only what can change the result is hashed
         t["boundary"] = cache_settings(self.boundary) if t["targets"] == "online" else None
         return {"block": self.block, "train": t}
 

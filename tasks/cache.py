@@ -27,14 +27,13 @@ SHARD_METRICS = "metrics.json"  # in each BoundaryShard folder: its seconds, FLO
 
 
 def cache_settings(boundary) -> dict[str, Any]:
-    """The boundary settings that change what the cache holds (``shard_sequences`` only changes
-    how its build is split over tasks: the bytes are identical, so it is never hashed; ``codec`` and
-    ``codec_keep`` only where they change the bytes: not at codec ``"none"``)."""
-    out = {k: v for k, v in canonical(boundary).items() if k != "shard_sequences"}
-    if out.get("codec", "none") == "none":
-        out.pop("codec", None)
-        out.pop("codec_keep", None)
-    return out
+    """The boundary settings that change what the cache holds, as :class:`zgcore.config.schema.Boundary`
+    declares them (``shard_sequences`` only changes how its build is split over tasks: the bytes are
+    identical, so it is never hashed)."""
+    from zgcore.config.fields import hashed_view
+    from zgcore.config.schema import Boundary
+
+    return hashed_view(Boundary, canonical(boundary))
 
 
 def split_sizes(meta: dict[str, Any]) -> dict[str, int]:

@@ -22,15 +22,13 @@ from .work import Resumable
 
 
 def heal_hashed(h) -> dict[str, Any]:
-    """The healing settings a result depends on (``checkpoint_every``, ``log_every`` and ``tensorboard`` are not;
-    nor ``top_k`` when 0 or ``targets`` when ``"online"``, the defaults: healed students from before
-    they existed keep their names)."""
-    out = {k: v for k, v in dict(h).items() if k not in ("checkpoint_every", "log_every", "tensorboard")}
-    if not int(out.get("top_k") or 0):
-        out.pop("top_k", None)
-    if out.get("targets", "online") == "online":
-        out.pop("targets", None)
-    return out
+    """The healing settings a result depends on, as :class:`zgcore.config.schema.Heal` declares them
+    (``checkpoint_every``, ``log_every`` and ``tensorboard`` are not; nor ``top_k`` when 0 or ``targets`` when
+    ``"online"``, the defaults: healed students from before they existed keep their names)."""
+    from zgcore.config.fields import hashed_view
+    from zgcore.config.schema import Heal
+
+    return hashed_view(Heal, h)  # the rules are the settings' declarations
 
 
 class _DistillTask(Resumable, _StudentTask):

@@ -57,8 +57,8 @@ def score_settings(eval_cfg: Mapping[str, Any], context: bool) -> dict[str, Any]
 
 def init_settings(train: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of :data:`INIT_KEYS` that take effect in one block's resolved ``train``
-    settings (:func:`zgcore.training.blocks.effective_train`): what its untrained student is."""
-    from zgcore.training.blocks import effective_train
+    settings (:func:`zgcore.config.experiment.effective_train`): what its untrained student is."""
+    from zgcore.config.experiment import effective_train
 
     from .blocks import mixer_of
 

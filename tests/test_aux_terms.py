@@ -12,6 +12,7 @@ import torch
 
 from tests.conftest import tiny_cfg
 from zgcore.data.order import data_order
+from zgcore.config.experiment import effective_train
 from zgcore.training import blocks as ztrain
 from zgcore.models.adapters import StudentBlock, head_logits, head_only
 from zgcore.data.boundary_store import OnlineBoundaries
@@ -40,10 +41,10 @@ def test_zero_weights_are_not_hashed_and_positive_ones_are():
     base = {"objective": "clean", "noise": 0.1, "max_steps": 5, "epochs": 1, "n_layers": 1, "keep_fraction": 0.8,
             "checkpoint_every": 2, "lr": 1e-3}
     zero = {**base, "ce_weight": 0.0, "mtp_weight": 0, "mtp_n": 4}
-    assert ztrain.effective_train(zero) == ztrain.effective_train(base)
-    on = ztrain.effective_train({**zero, "ce_weight": 0.1})
+    assert effective_train(zero) == effective_train(base)
+    on = effective_train({**zero, "ce_weight": 0.1})
     assert on["ce_weight"] == 0.1 and "mtp_n" not in on and "mtp_weight" not in on
-    on = ztrain.effective_train({**zero, "mtp_weight": 0.3})
+    on = effective_train({**zero, "mtp_weight": 0.3})
     assert on["mtp_weight"] == 0.3 and on["mtp_n"] == 4 and "ce_weight" not in on
 
 

@@ -10,7 +10,8 @@ from zgcore.config.experiment import ConfigError
 from zgcore.data.boundary_store import BoundaryReader, build_store
 from zgcore.models.adapters import build_block
 from zgcore.models.teacher import load, materialise
-from zgcore.training.blocks import BlockTraining, effective_train, train_block
+from zgcore.config.experiment import effective_train
+from zgcore.training.blocks import BlockTraining, train_block
 from workflows.experiment import load_config
 
 

@@ -132,8 +132,8 @@ def test_mtp_targets_are_the_right_shifted_tokens():
 @pytest.mark.parametrize("over, msg", [
     ({"local.K": 5}, "local.K=5 exceeds the model's 4 layers"),
     ({"local.K": 2, "local.mtp_boundaries": [2]}, "MTP at boundary 2 does not exist"),
-    ({"local.K": 2, "local.aux": "lstm"}, "unknown aux head local.aux='lstm'"),
-    ({"study.aux": ["mlp", "conv"]}, "unknown aux head local.aux='conv'"),
+    ({"local.K": 2, "local.aux": "lstm"}, "local.aux must be one of mlp, transformer, none, got 'lstm'"),
+    ({"study.aux": ["mlp", "conv"]}, "study.aux[1]='conv': study.aux must be a list of mlp, transformer"),
     ({"study.K": [1, 8]}, "local.K=8 exceeds"),
     ({"study.K": [2, 4]}, "must include 1"),
     ({"model.hidden_size": 30}, "divisible by model.n_heads"),

@@ -37,14 +37,14 @@ def test_top_n_vocabulary_on_a_hand_made_example():
     ({"model": {"vocab": "top:1"}}, "top:N needs an integer N >= 2"),
     ({"model": {"vocab": "top:ten"}}, "top:N needs an integer N >= 2"),
     ({"model": {"vocab": "top20"}}, "model.vocab must be 'compact', 'full' or 'top:N'"),
-    ({"study": {"lrs": [1e-3, 0]}}, "study.lrs entry must be a positive number, got 0"),
-    ({"study": {"lrs": [-1e-3]}}, "study.lrs entry must be a positive number"),
-    ({"study": {"lrs": [1e-3, None]}}, "study.lrs has an empty entry"),
-    ({"study": {"lrs": [""]}}, "study.lrs has an empty entry"),
+    ({"study": {"lrs": [1e-3, 0]}}, r"study.lrs\[1\]=0: study.lrs must be a list of distinct numbers > 0"),
+    ({"study": {"lrs": [-1e-3]}}, r"study.lrs\[0\]=-0.001: study.lrs must be"),
+    ({"study": {"lrs": [1e-3, None]}}, r"study.lrs\[1\]=None: study.lrs must be"),
+    ({"study": {"lrs": [""]}}, r"study.lrs\[0\]='': study.lrs must be"),
     ({"study": {"lrs": "1e-3"}}, "study.lrs must be a list"),
     ({"study": {"lrs": [1e-3, 1e-3]}}, "repeats a learning rate"),
-    ({"study": {"lrs": [1e-3], "tune_fraction": 0}}, r"study.tune_fraction must be in \(0, 1\]"),
-    ({"study": {"lrs": [1e-3], "tune_fraction": 1.5}}, r"study.tune_fraction must be in \(0, 1\]"),
+    ({"study": {"lrs": [1e-3], "tune_fraction": 0}}, r"study.tune_fraction must be a number in \(0, 1\]"),
+    ({"study": {"lrs": [1e-3], "tune_fraction": 1.5}}, r"study.tune_fraction must be a number in \(0, 1\]"),
     ({"study": {"lrs": [1e-3], "tune_fraction": 0.001}}, "tuning budget below one batch"),
     ({"study": {"lrs": [1e-3], "tune_sequences": 0}}, "study.tune_sequences"),
     ({"study": {"lrs": [1e-3], "lr_rounds": 0}}, "study.lr_rounds"),
@@ -62,7 +62,7 @@ def test_bad_sweep_vocab_and_config_lists_fail_at_construction(over, msg):
 def test_workflow_rejects_a_bad_sweep_before_any_task():
     from workflows import LocalLearningStudy
 
-    with pytest.raises(ConfigError, match="study.lrs entry must be a positive number"):
+    with pytest.raises(ConfigError, match=r"study.lrs\[1\]=-1: study.lrs must be a list of distinct numbers > 0"):
         LocalLearningStudy(preset="local_tiny", set="study.lrs=[1e-3,-1]")
     with pytest.raises(ConfigError, match="tune_fraction"):
         LocalLearningStudy(preset="local_tiny", set="study.lrs=[1e-3] study.tune_fraction=2")

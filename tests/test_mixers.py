@@ -6,17 +6,19 @@ import os
 import subprocess
 import sys
 import types
+from typing import get_args
 
 import pytest
 import torch
 
 from tests.conftest import tiny_cfg
 from zgcore.checks import ConfigError
-from zgcore.config.defaults import CHOICES, DEFAULTS
+from zgcore.config.defaults import DEFAULTS
+from zgcore.config.schema import Mixer
 from zgcore.models.hf_converted_llama import (MIXERS, ZGConvertedLlamaConfig, ZGConvertedLlamaForCausalLM,
                                               ZGRecurrentCache)
 from zgcore.models.teacher import tiny_config
-from zgcore.training.blocks import effective_train
+from zgcore.config.experiment import effective_train
 
 WINDOW = 8
 HYBRID = ["softmax", "linear_window", "none", "window"]
@@ -37,7 +39,7 @@ def converted(mixers, seed=0, perturb=True):
 
 
 def test_the_mixer_choices_are_the_modelling_codes():
-    assert CHOICES["train.mixer"] == MIXERS and DEFAULTS["train"]["mixer"] == "softmax"
+    assert get_args(Mixer) == MIXERS and DEFAULTS["train"]["mixer"] == "softmax"
 
 
 def forms_differ(m) -> float:

@@ -63,7 +63,8 @@ class _Reader:
 
 def test_a_new_unanchored_objective_gets_the_input_scale_and_its_own_hash_rule(tmp_path):
     from zgcore.training.objectives import Objective, noise_like, register
-    from zgcore.training.blocks import BlockTraining, effective_train, train_block
+    from zgcore.config.experiment import effective_train
+    from zgcore.training.blocks import BlockTraining, train_block
     from zgcore.config.experiment import DEFAULTS
 
     @register
@@ -101,7 +102,7 @@ def test_a_new_unanchored_objective_gets_the_input_scale_and_its_own_hash_rule(t
 
 def test_effective_train_drops_what_cannot_take_effect():
     from zgcore.config.experiment import DEFAULTS
-    from zgcore.training.blocks import effective_train
+    from zgcore.config.experiment import effective_train
 
     t = dict(DEFAULTS["train"])
     assert "epochs" in effective_train(t)  # max_steps = 0: epochs decide

@@ -105,7 +105,7 @@ def test_width_pruned_student_runs_assembles_loads_and_generates(tmp_path, run_g
 @pytest.mark.parametrize("over, want", [
     ({"train.keep": "importance", "train.n_layers": 3}, "block 0: n_layers=3 exceeds the partition's 2 teacher layers"),
     ({"train.intermediate_size": 65}, "block 0: intermediate_size=65 exceeds the MLP width of tiny-llama \\(64\\)"),
-    ({"blocks.1.intermediate_size": 0}, "blocks.1.intermediate_size must be a positive integer, got 0"),
+    ({"blocks.1.intermediate_size": 0}, "blocks.1.intermediate_size must be a positive integer or null, got 0"),
 ])
 def test_bad_student_shapes_fail_at_graph_construction(over, want):
     with pytest.raises(ConfigError, match=want):

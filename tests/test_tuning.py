@@ -185,7 +185,7 @@ def test_blockwise_arm_searches_each_blocks_lr_on_its_validation_loss(tmp_path, 
     md = (study.out_dir / "report.md").read_text()
     assert "(a) ZeroGraph blockwise, block 0: chosen" in md
     # without train.lrs a block's hash is what it was: lrs and lr_rounds are not hashed then
-    from zgcore.training.blocks import effective_train
+    from zgcore.config.experiment import effective_train
 
     plain = load_config("", "", "distill_tiny")["train"]
     assert "lrs" not in effective_train(plain) and "lr_rounds" not in effective_train(plain)

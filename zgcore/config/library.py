@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from zgcore.checks import ConfigError
-from zgcore.models.costs import UNITS
+from zgcore.config.fields import check_section
+from zgcore.config.schema import Library, Variant
 
-VARIANT_KEYS = ("n_layers", "keep_fraction", "keep", "mlp", "kv_heads", "mixer")
-MIXERS = ("softmax", "window", "linear", "linear_window", "none")  # zgcore.models.hf_converted_llama.MIXERS
+VARIANT_KEYS = tuple(Variant.model_fields)  # declared in zgcore.config.schema.Variant
 
 
 def active(cfg: Mapping[str, Any]) -> bool:
@@ -36,17 +36,10 @@ def active(cfg: Mapping[str, Any]) -> bool:
 
 
 def validate(cfg: dict[str, Any]) -> None:
-    """Check the ``library`` section's form (teacher-independent) and normalise ``library.blocks``'
-    keys to strings. Raises :class:`ConfigError` naming the key to fix."""
+    """Check the ``library`` section against its declarations (:class:`zgcore.config.schema.Library`,
+    teacher-independent) and normalise ``library.blocks``' keys to strings. Raises :class:`ConfigError`
+    naming the key to fix."""
     lib = cfg["library"]
-    if lib["budget_unit"] not in UNITS:
-        raise ConfigError(f"library.budget_unit must be one of {', '.join(UNITS)}, got {lib['budget_unit']!r}")
-    if not isinstance(lib["budgets"], (list, tuple)):
-        raise ConfigError(f"library.budgets must be a list of numbers, got {lib['budgets']!r}")
-    for j, b in enumerate(lib["budgets"]):
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0:
-            raise ConfigError(f"library.budgets[{j}] must be a number > 0 (a fraction of the teacher's cost when <= 1), "
-                              f"got {b!r}")
     blocks = lib.get("blocks") or {}
     if not isinstance(blocks, Mapping):
         raise ConfigError("library.blocks must map a partition index to {variants = [...]}")
@@ -54,35 +47,16 @@ def validate(cfg: dict[str, Any]) -> None:
     for k, v in blocks.items():
         if not str(k).isdigit() or not isinstance(v, Mapping) or set(v) - {"variants"}:
             raise ConfigError(f"library.blocks.{k}: give library.blocks.<partition>.variants = [...]")
-        norm[str(int(k))] = {"variants": list(v.get("variants") or [])}
+        norm[str(int(k))] = {"variants": v.get("variants") or []}
     lib["blocks"] = norm
-    if isinstance(lib.get("context"), bool) or not isinstance(lib.get("context"), int) or lib["context"] < 0:
-        raise ConfigError(f"library.context must be a number of tokens >= 0 (0 = kv_bytes per token), got {lib.get('context')!r}")
+    check_section(Library, lib, "library")
     for where, variants in [("library.variants", lib["variants"])] + [(f"library.blocks.{k}.variants", v["variants"])
                                                                        for k, v in norm.items()]:
-        if not isinstance(variants, (list, tuple)):
-            raise ConfigError(f"{where} must be a list of tables")
         for j, v in enumerate(variants):
-            _check_variant(v, f"{where}[{j}]")
-
-
-def _check_variant(v: Any, where: str) -> None:
-    if not isinstance(v, Mapping):
-        raise ConfigError(f"{where} must be a table of {', '.join(VARIANT_KEYS)}")
-    unknown = sorted(set(v) - set(VARIANT_KEYS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(VARIANT_KEYS)}")
-    if "n_layers" in v and "keep_fraction" in v:
-        raise ConfigError(f"{where}: give n_layers or keep_fraction, not both")
-    if "n_layers" in v and (isinstance(v["n_layers"], bool) or not isinstance(v["n_layers"], int) or v["n_layers"] < 1):
-        raise ConfigError(f"{where}.n_layers must be an integer >= 1, got {v['n_layers']!r}")
-    for k in ("keep_fraction", "mlp"):
-        if k in v and (isinstance(v[k], bool) or not isinstance(v[k], (int, float)) or not 0 < v[k] <= 1):
-            raise ConfigError(f"{where}.{k} must be a number in (0, 1], got {v[k]!r}")
-    if "kv_heads" in v and (isinstance(v["kv_heads"], bool) or not isinstance(v["kv_heads"], int) or v["kv_heads"] < 1):
-        raise ConfigError(f"{where}.kv_heads must be an integer >= 1, got {v['kv_heads']!r}")
-    if "mixer" in v and v["mixer"] not in MIXERS:
-        raise ConfigError(f"{where}.mixer must be one of {', '.join(MIXERS)}, got {v['mixer']!r}")
+            if "n_layers" in v and "keep_fraction" in v:
+                raise ConfigError(f"{where}[{j}]: give n_layers or keep_fraction, not both")
+    for k, v in norm.items():
+        v["variants"] = list(v["variants"])
 
 
 def converted(t: Mapping[str, Any]) -> bool:

@@ -8,7 +8,9 @@ from typing import Any, Mapping
 
 from zgcore.config.experiment import (ConfigError, _check_keys, canonical_paths, deep_merge, load_file, parse_overrides,
                                       validate_corpus)
-from .config import LOCAL_DEFAULTS, _int, validate_local, validate_model, validate_sweep, validate_train
+from zgcore.config.fields import check_section
+from .config import LOCAL_DEFAULTS, validate_local, validate_model, validate_sweep, validate_train
+from .schema import LocalEval, LocalStudy, Study
 from .seeds import expand_seeds, validate_seeds
 
 
@@ -26,23 +28,21 @@ def resolve_local(file: str | os.PathLike | None = None, overrides: str | Mappin
         cfg = deep_merge(cfg, load_file(file))
     if overrides:
         cfg = deep_merge(cfg, parse_overrides(overrides) if isinstance(overrides, str) else overrides)
-    _check_keys("local-learning study", cfg, LOCAL_DEFAULTS)
-    for sec in ("corpus", "model", "train", "local", "study", "eval"):
+    _check_keys("local-learning study", cfg, LocalStudy)
+    sections = ("corpus", "model", "train", "local", "study", "eval")
+    for sec in sections:
         if not isinstance(cfg[sec], Mapping):
             raise ConfigError(f"`{sec}` must be a mapping")
     _check_keys("corpus", cfg["corpus"], LOCAL_DEFAULTS["corpus"])
+    check_section(LocalStudy, {k: v for k, v in cfg.items() if k not in sections}, "")
     canonical_paths(cfg, "tokenizer")
     validate_corpus(cfg["corpus"])
     validate_model(cfg["model"])
     validate_train(cfg["train"], int(cfg["corpus"]["seq_len"]))
-    _check_keys("study", cfg["study"], LOCAL_DEFAULTS["study"])
-    _check_keys("eval", cfg["eval"], LOCAL_DEFAULTS["eval"])
-    _int("eval.batch_size", cfg["eval"]["batch_size"])
-    _int("eval.max_sequences", cfg["eval"]["max_sequences"], lo=0)
-    _int("eval.subset_seed", cfg["eval"]["subset_seed"], lo=0)
+    check_section(Study, cfg["study"], "study")
+    check_section(LocalEval, cfg["eval"], "eval")
     seeds = cfg["seeds"]
-    if seeds is not None and (not isinstance(seeds, (list, tuple)) or not seeds or len(set(seeds)) != len(seeds)
-                              or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in seeds)):
+    if seeds is not None and (not seeds or len(set(seeds)) != len(seeds)):
         raise ConfigError(f"seeds must be a non-empty list of distinct non-negative integers, got {seeds!r}")
     validate_local(cfg["local"], cfg["model"]["n_layers"])
     validate_sweep(cfg["study"], cfg["train"], int(cfg["corpus"]["seq_len"]))

@@ -20,12 +20,11 @@ from safetensors.torch import save_file
 from zgcore.atomic import atomic_path
 from zgcore.data.boundary_store import BoundaryReader
 from zgcore.device import autocast, to_device
-from zgcore.models.mixers import WINDOWED
 from zgcore.data.feed import block_batches
 from zgcore.data.order import batch_walk
 from zgcore.training.loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, load_checkpoint, lr_at  # noqa: F401 (re-exported)
 from zgcore.training.loop import StepInfo, loss_metrics, state_digest  # noqa: F401 (state_digest re-exported)
-from zgcore.training.objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, objective_settings, regression_loss
+from zgcore.training.objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, regression_loss
 
 
 def block_seed(seed: int, block: int) -> int:
@@ -39,66 +38,6 @@ def total_steps(n_train: int, t: Mapping[str, Any]) -> int:
         return int(t["max_steps"])
     per_epoch = (n_train + int(t["batch_size"]) - 1) // int(t["batch_size"])
     return max(1, math.ceil(float(t["epochs"]) * per_epoch))
-
-
-def effective_train(t: Mapping[str, Any]) -> dict[str, Any]:
-    """The block train settings ``t`` less those that cannot change its result under the rest of
-    ``t`` — what a block's hash covers (a hash covers what takes effect):
-
-    * objective-specific settings (see :attr:`~zgcore.training.objectives.Objective.reads`) the chosen
-      objective does not read (``clean`` draws no noise: ``noise`` goes);
-    * ``epochs`` when ``max_steps`` is set (``max_steps`` wins);
-    * ``keep_fraction`` when ``n_layers`` is set;
-    * ``checkpoint_every`` (a resumed run ends with the same bytes as an uninterrupted one),
-      ``log_every`` (when values are read back from the device, not what they are),
-      ``prefetch`` and ``prefetch_workers`` (batches read ahead have the same order and bytes) and
-      ``tensorboard`` (a view);
-    * ``intermediate_size`` and ``kv_heads`` when None, and ``importance_sequences`` when nothing is measured
-      (neither ``keep="importance"`` nor a narrower MLP: see :func:`zgcore.models.students.needs_measure`);
-    * ``ce_weight`` when 0, ``mtp_weight`` and ``mtp_n`` when ``mtp_weight`` is 0 (a term of
-      weight 0 is not computed), so experiments without local auxiliary terms keep their hashes.
-    * ``mixer`` when ``softmax`` (the teacher's attention: students without conversion keep their hashes) and
-      ``window`` unless the mixer is windowed (:data:`zgcore.models.mixers.WINDOWED`).
-    * ``lrs`` and ``lr_rounds`` without an lr search (``lrs`` empty), so blocks without one keep
-      their hashes; ``lr`` with one (the search chooses it).
-    * ``compile`` when false (eager, as every block before it existed).
-
-    Raises ``KeyError`` for an unknown objective (validated earlier by ``zgcore.config.experiment``).
-    """
-    out = dict(t)
-    for k in objective_settings() - set(OBJECTIVES[out["objective"]].reads):
-        out.pop(k, None)
-    if int(out.get("max_steps") or 0):
-        out.pop("epochs", None)
-    if out.get("n_layers") is not None:
-        out.pop("keep_fraction", None)
-    for k in ("checkpoint_every", "log_every", "prefetch", "prefetch_workers", "prefetch_mode", "tensorboard"):
-        out.pop(k, None)
-    if out.get("intermediate_size") is None:
-        out.pop("intermediate_size", None)
-        if out.get("keep") != "importance":
-            out.pop("importance_sequences", None)
-    if out.get("kv_heads") is None:
-        out.pop("kv_heads", None)
-    if out.get("mixer", "softmax") == "softmax":
-        out.pop("mixer", None)
-    if out.get("mixer") not in WINDOWED:
-        out.pop("window", None)
-    if not out.get("compile"):
-        out.pop("compile", None)
-    if out.get("lrs"):
-        out.pop("lr", None)
-    else:
-        out.pop("lrs", None)
-        out.pop("lr_rounds", None)
-        out.pop("tune", None)
-    active = aux_active(out)
-    if "ce" not in active:
-        out.pop("ce_weight", None)
-    if "mtp" not in active:
-        out.pop("mtp_weight", None)
-        out.pop("mtp_n", None)
-    return out
 
 
 @dataclass(frozen=True)

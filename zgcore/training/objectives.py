@@ -9,7 +9,7 @@ An objective is one registered :class:`Objective` subclass that carries everythi
   boundary i+1 for anchored objectives, boundary i for unanchored ones (see :meth:`Objective.scale_boundary`);
 * ``reads``: the objective-specific train settings it uses (e.g. ``noise``). A setting that some
   objective reads but the chosen one does not cannot change a block's result, so it is left out of
-  the block's hash (:func:`zgcore.training.blocks.effective_train`).
+  the block's hash (:func:`zgcore.config.experiment.effective_train`).
 
 The block is trained to map ``input`` to ``target`` with :func:`regression_loss`. Adding one::
 
