@@ -313,7 +313,8 @@ def write(preset: str, got: dict[str, str], vals: dict[str, dict[str, float]] | 
             rec.setdefault("other_machines", {})[machine_key(here)] = mine
             p.write_text(json.dumps(rec, indent=1) + "\n")
             return p
-    keep = {} if rec is None or rec.get("digests") != got or rec.get("machine") != here else rec.get("other_machines", {})
+    same = rec is not None and rec.get("digests") == got and rec.get("machine") == here
+    keep = rec.get("other_machines", {}) if same else {}
     p.write_text(json.dumps({"preset": preset, "written_by": COMMAND, **mine, "values": vals or {},
                              **({"other_machines": keep} if keep else {})}, indent=1) + "\n")
     return p

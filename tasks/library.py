@@ -111,7 +111,8 @@ class ScoreCandidate(_TeacherTask):
                                          "block_loss": block_loss, "tune_sequences": len(rows), **cost,
                                          "student_extra": costs.student_extra(teacher.config),
                                          "block_dir": str(req["block"].out_dir)})
-        self.log(f"CE {ce:.4f} vs teacher {ce_teacher:.4f} ({ce - ce_teacher:+.4f} nats/token); {cost['params']:,} params")
+        self.log(f"CE {ce:.4f} vs teacher {ce_teacher:.4f} ({ce - ce_teacher:+.4f} nats/token); "
+                 f"{cost['params']:,} params")
 
 
 def read_candidate(task: ScoreCandidate) -> dict:

@@ -65,9 +65,9 @@ def test_report_on_a_stale_upstream_exits_1_as_status_does(tmp_path):
 
 
 def test_a_block_that_keeps_its_whole_partition_of_the_teacher_warns_in_one_line():
-    code = ("from workflows.experiment import load_config\n"
-            "load_config(overrides='teacher=tiny-llama corpus.seq_len=32 boundary.num_blocks=3' + ' ' + __import__('sys')"
-            ".argv[1], preset='')\n")
+    code = ("import sys\nfrom workflows.experiment import load_config\n"
+            "load_config(overrides='teacher=tiny-llama corpus.seq_len=32 boundary.num_blocks=3 ' + sys.argv[1], "
+            "preset='')\n")
     copies = subprocess.run([sys.executable, "-c", code, ""], cwd=ROOT, env=ENV, capture_output=True, text=True,
                             timeout=120)
     warned = [ln for ln in copies.stderr.splitlines() if ln.startswith("warning: ")]

@@ -483,7 +483,8 @@ def test_a_kill_during_a_family_leaves_nothing_partial_counted_and_no_temporary_
 
 def kill_problems(families: set[str], kills: dict[str, object]) -> list[str]:
     """What :func:`kill_each_family`'s record ``kills`` breaks of the kill contract over ``families``."""
-    return ([f"task families never killed: {sorted(families - kills['killed'])}"] if families - kills["killed"] else []) \
+    never = sorted(families - kills["killed"])
+    return ([f"task families never killed: {never}"] if never else []) \
         + [f"killed mid-run, counted as done but {p}" for p in kills["unwhole"]] \
         + ([f"the reruns left temporary names: {kills['temporaries']}"] if kills["temporaries"] else [])
 

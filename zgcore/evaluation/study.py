@@ -171,7 +171,8 @@ def objective_study(arms: Sequence[dict[str, Any]]) -> dict[str, Any]:
     mixers = dict.fromkeys((b["mixer"], b.get("window")) for a in arms for b in a["report"]["blocks"]
                            if b.get("mixer", "softmax") != "softmax")
     if mixers:  # a conversion study: which mixer replaced the teacher's attention, over which window
-        out["conversion"] = "; ".join(f"mixer {m}" + (f", window {w} tokens" if w is not None else "") for m, w in mixers)
+        out["conversion"] = "; ".join(f"mixer {m}" + (f", window {w} tokens" if w is not None else "")
+                                      for m, w in mixers)
     return out
 
 

@@ -324,8 +324,9 @@ def _smoke(folder: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
     work = folder / "work"
     work.mkdir(parents=True, exist_ok=True)
     spec = {"setup": run, "train": dict(t), "tokens": tokens, "vocab_size": lm.model.config.vocab_size, "k": 2,
-            "steps": steps_for(t, tokens.shape[1]), "device": "cpu", "work": str(work), "store": str(work / "rendezvous"),
-            "run_hash": "smoke", "name": "local pipeline smoke", "parent": os.getpid(), "threads": 1}
+            "steps": steps_for(t, tokens.shape[1]), "device": "cpu", "work": str(work),
+            "store": str(work / "rendezvous"), "run_hash": "smoke", "name": "local pipeline smoke",
+            "parent": os.getpid(), "threads": 1}
     upstream = mp.start_processes(run_stage, args=(spec,), nprocs=1, join=False, start_method="spawn")  # stage 0
     ended = False
     try:

@@ -6,8 +6,8 @@ The mixers themselves, both forms (parallel and recurrent), live in
 trained block and the exported model run the same code. This module names them without importing
 that file (torch and transformers load only where a model runs, not where a configuration is
 checked): :data:`MIXERS`, :data:`WINDOWED` and :data:`FEATURED` equal the exported file's own, which
-it must declare itself to load alone (``tests/test_mixers.py`` holds the two equal). ``softmax`` keeps the family's own HF
-attention untouched (today's students, byte for byte); every other mixer replaces a layer's
+it must declare itself to load alone (``tests/test_startup_and_clean.py`` holds the two equal).
+``softmax`` keeps the family's own HF attention untouched (today's students, byte for byte); every other mixer replaces a layer's
 ``self_attn`` by a :class:`~zgcore.models.hf_converted_llama.ZGMixer` that starts from the teacher's
 ``q/k/v/o`` projections and rotary positions.
 
