@@ -113,9 +113,8 @@ def online_targets(teacher: torch.nn.Module, ids: torch.Tensor, k: int, temperat
     """The teacher's top-``k`` records (:func:`pack`) for token ids ``[B, S]`` (int64): float32
     ``[B, S, 2k + 1]`` on the teacher's device (nothing read back: the training step keeps them
     there; the store's writer copies them to the CPU). The teacher (a causal LM, eval) runs one
-    sequence at a time, so that a sequence's targets are the same bits whichever batch it comes in
-    (a matrix product's rounding may depend on how many rows it has): the store and online top-k
-    targets agree bitwise. Raises ``ValueError`` for ``k`` outside ``1 .. vocab - 1``."""
+    sequence at a time (a matrix product's rounding may depend on how many rows it has), so the
+    store and online targets agree bitwise. Raises ``ValueError`` for ``k`` outside ``1 .. vocab - 1``."""
     out = []
     for i in range(ids.shape[0]):
         logits = teacher(input_ids=ids[i: i + 1], use_cache=False).logits

@@ -27,13 +27,11 @@ one backward over the sum of the block losses, then every optimizer steps) and `
 (block by block: forward, backward, step, keep only the detached boundary activation). Their peak
 activation memory is measured, not computed: see :class:`zgcore.training.memory.SavedTensorMeter`.
 
-The package owns local learning and is split along its seams: :mod:`.config` (``LOCAL_DEFAULTS``,
-validation, study expansion, the learning-rate sweep's runs, boundaries), :mod:`.data` (vocabulary
-``compact`` / ``full`` / ``top:N``, id remapping, the tuning split), :mod:`.model` (the model, its aux heads, the per-block
-forward, save/load), :mod:`.training` (data order, execution modes on the one training loop
-:class:`zgcore.training.loop.TrainLoop`, memory, evaluation) and :mod:`.report` (report, Markdown, plot).
-This module re-exports their public names. The library never imports Luigi; a bad configuration
-raises :class:`zgcore.config.experiment.ConfigError` before any expensive work.
+Modules: :mod:`.config` (settings, study expansion, boundaries), :mod:`.data` (vocabulary, id
+remapping, tuning split), :mod:`.model` (model, aux heads, save/load), :mod:`.training` (execution
+modes on :class:`zgcore.training.loop.TrainLoop`) and :mod:`.report`; this module re-exports their
+public names. A bad configuration raises :class:`zgcore.config.experiment.ConfigError` before any
+expensive work.
 """
 from __future__ import annotations
 
