@@ -23,8 +23,7 @@ larger than the differences a top-k study resolves; at k = 64 the ids take half 
 **Layout.** A logit store is a boundary store whose one "boundary" :data:`LOGITS` (file
 ``b0.h5``) holds the records ``[rows, seq_len, 2k + 1]`` (its manifest's ``hidden_size`` is
 ``2k + 1``) and whose manifest says ``kind = "topk-logits"``, ``top_k`` and ``temperature``.
-The teacher runs one sequence at a time (:func:`online_targets`), so that a sequence's targets
-are the same bits in the store and online, whichever batch it comes in.
+Store and online targets are the same bits (:func:`online_targets`).
 """
 from __future__ import annotations
 
