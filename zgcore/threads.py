@@ -2,11 +2,10 @@
 
 torch's default is one intra-op thread per core of the host. For a tiny model that is slow on a
 busy machine: each matrix product is split over every core, and when another process holds one
-core each split waits for it (a tiny TrainBlock measured at 14.0 s with one core busy
-against 0.3 s with one thread). So a task asks for threads in proportion to the work in one of its
-matrix products — the model's parameters, :data:`PARAMS_PER_THREAD` per thread — and never more
-than the cores this process may use (its CPU affinity and its cgroup's CPU quota); a tiny model
-gets one. ``OMP_NUM_THREADS`` in the environment, else an explicit count (Luigi's
+core each split waits for it (figures: docs/CHANGES.md). So a task asks for threads in proportion
+to the work in one of its matrix products — the model's parameters, :data:`PARAMS_PER_THREAD` per
+thread — and never more than the cores this process may use (its CPU affinity and its cgroup's CPU
+quota); a tiny model gets one. ``OMP_NUM_THREADS`` in the environment, else an explicit count (Luigi's
 ``[zerograph] threads`` in ``luigi.cfg``, or ``--zerograph-threads N``), wins over the choice.
 None of it is hashed: results do not depend on the thread count.
 """

@@ -23,8 +23,7 @@ larger than the differences a top-k study resolves; at k = 64 the ids take half 
 **Layout.** A logit store is a boundary store whose one "boundary" :data:`LOGITS` (file
 ``b0.h5``) holds the records ``[rows, seq_len, 2k + 1]`` (its manifest's ``hidden_size`` is
 ``2k + 1``) and whose manifest says ``kind = "topk-logits"``, ``top_k`` and ``temperature``.
-The teacher runs one sequence at a time (:func:`online_targets`), so that a sequence's targets
-are the same bits in the store and online, whichever batch it comes in.
+Store and online targets are the same bits (:func:`online_targets`).
 """
 from __future__ import annotations
 
@@ -113,9 +112,8 @@ def online_targets(teacher: torch.nn.Module, ids: torch.Tensor, k: int, temperat
     """The teacher's top-``k`` records (:func:`pack`) for token ids ``[B, S]`` (int64): float32
     ``[B, S, 2k + 1]`` on the teacher's device (nothing read back: the training step keeps them
     there; the store's writer copies them to the CPU). The teacher (a causal LM, eval) runs one
-    sequence at a time, so that a sequence's targets are the same bits whichever batch it comes in
-    (a matrix product's rounding may depend on how many rows it has): the store and online top-k
-    targets agree bitwise. Raises ``ValueError`` for ``k`` outside ``1 .. vocab - 1``."""
+    sequence at a time (a matrix product's rounding may depend on how many rows it has), so the
+    store and online targets agree bitwise. Raises ``ValueError`` for ``k`` outside ``1 .. vocab - 1``."""
     out = []
     for i in range(ids.shape[0]):
         logits = teacher(input_ids=ids[i: i + 1], use_cache=False).logits

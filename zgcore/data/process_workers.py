@@ -2,7 +2,7 @@
 an accelerator's batches of 12 MiB and more): each worker reads
 its share of the batches in its own interpreter and lends them to the training process in
 shared-memory buffers that it reuses, so that the training thread's cost per batch is one small
-message (``bench/data_feed.py``: 1.2-3.8% of a step against 3.5-9.2% for worker threads).
+message (figures: ``bench/data_feed.py``, docs/performance.md).
 
 A worker's :class:`~zgcore.data.boundary_store.BoundaryReader` reads straight into the buffer it
 lends (:func:`~zgcore.data.boundary_store.memory.set_allocator`); any other tensor of an item is

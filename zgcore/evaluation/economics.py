@@ -47,9 +47,10 @@ def economics(manifest: Mapping[str, Any], blocks: Sequence[Mapping[str, Any]], 
               teacher_seconds: Callable[[int, int, int], float]) -> dict[str, Any]:
     """Cache economics of one experiment from measured times.
 
-    Each block job's time in the mode it ran in is measured; the other mode is projected from its
-    measured compute time plus (online) the teacher's forward time per batch, or (cached) the
-    measured data time of reading a batch from the store.
+    Each block job's time in the mode it ran in is measured; the other mode is projected. A cached
+    job's online time is its compute time plus the teacher's forward time per batch times its steps.
+    An online job's cached time is its compute and data time less its teacher time: a lower bound,
+    since an online job reads nothing from the store.
 
     Args:
         manifest: the boundary store's manifest (``build_seconds`` summed over shards, ``bytes``,
@@ -59,6 +60,10 @@ def economics(manifest: Mapping[str, Any], blocks: Sequence[Mapping[str, Any]], 
         batch_sizes: each block's batch size (sequences), in block order.
         teacher_seconds: ``(start, end, batch_size) -> s``, the teacher's forward time for one batch
             up to boundary ``end`` (see :func:`zgcore.evaluation.metrics.teacher_forward_seconds`).
+
+    Returns:
+        :func:`cache_economics`'s dict plus ``build_seconds_per_sequence``, ``shards``,
+        ``build_wall_seconds`` and ``method`` (one sentence for the report).
     """
     jobs, timed = [], {}
     for b in blocks:

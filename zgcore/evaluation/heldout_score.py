@@ -11,7 +11,7 @@ from zgcore.checks import ConfigError
 
 
 def tokenize_extra(spec: Mapping[str, Any], tokenizer, seq_len: int) -> tuple[np.ndarray, dict[str, Any]]:
-    """Tokenise one held-out corpus (a :func:`extra_corpora` entry) into rows.
+    """Tokenise one held-out corpus (a :func:`zgcore.data.heldout.extra_corpora` entry) into rows.
 
     The text is read into memory (held-out text is evaluation-sized; cap it with ``max_tokens``).
 

@@ -10,8 +10,8 @@ from zgcore.atomic import atomic_path
 
 
 def _pyplot():
-    """matplotlib's pyplot on the Agg backend, imported when a figure is drawn (not when the task
-    graph is built: ~0.3 s of every command's start)."""
+    """matplotlib's pyplot on the Agg backend, imported when a figure is drawn, not when the task
+    graph is built, so that a command that draws nothing does not pay for the import."""
     import matplotlib
 
     matplotlib.use("Agg")

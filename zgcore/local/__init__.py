@@ -20,20 +20,17 @@ end-to-end backprop, bit for bit.
 Boundaries are numbered ``1..K``: boundary ``i`` is the output of block ``i - 1``; boundaries
 ``1..K-1`` carry aux heads (and may carry MTP), boundary ``K`` is the model's output.
 
-A third execution, ``pipeline``, runs one process per block with forward-only messages
-(:mod:`.pipeline`, one stage: :mod:`.stage`); its sync schedule gives ``per_block``'s weights bit
-for bit. Two execution modes in one process compute the same update: ``together`` (every block's forward on the batch,
-one backward over the sum of the block losses, then every optimizer steps) and ``per_block``
-(block by block: forward, backward, step, keep only the detached boundary activation). Their peak
-activation memory is measured, not computed: see :class:`zgcore.training.memory.SavedTensorMeter`.
+Three executions compute the same update: ``together`` (every block's forward, one backward over
+the summed block losses, every optimizer steps), ``per_block`` (block by block: forward, backward,
+step, keep only the detached boundary activation) and ``pipeline`` (one process per block,
+:mod:`.pipeline`; its sync schedule gives ``per_block``'s weights bit for bit). Their peak
+activation memory is measured: :class:`zgcore.training.memory.SavedTensorMeter`.
 
-The package owns local learning and is split along its seams: :mod:`.config` (``LOCAL_DEFAULTS``,
-validation, study expansion, the learning-rate sweep's runs, boundaries), :mod:`.data` (vocabulary
-``compact`` / ``full`` / ``top:N``, id remapping, the tuning split), :mod:`.model` (the model, its aux heads, the per-block
-forward, save/load), :mod:`.training` (data order, execution modes on the one training loop
-:class:`zgcore.training.loop.TrainLoop`, memory, evaluation) and :mod:`.report` (report, Markdown, plot).
-This module re-exports their public names. The library never imports Luigi; a bad configuration
-raises :class:`zgcore.config.experiment.ConfigError` before any expensive work.
+Modules: :mod:`.config` (settings, study expansion, boundaries), :mod:`.data` (vocabulary, id
+remapping, tuning split), :mod:`.model` (model, aux heads, save/load), :mod:`.training` (execution
+modes on :class:`zgcore.training.loop.TrainLoop`) and :mod:`.report`; this module re-exports their
+public names. A bad configuration raises :class:`zgcore.config.experiment.ConfigError` before any
+expensive work.
 """
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
 """Pipelined execution of local learning (``train.execution = "pipeline"``): K processes, one block each.
 
-The reason greedy local learning exists (arXiv 2610.04867, first sentence): without a backward
-pass between blocks, "inter-stage communication becomes forward-only and every block can step its
-optimizer independently". Here each block runs in its own process (:mod:`zgcore.local.stage`),
-started with ``torch.multiprocessing`` (spawn) from the calling process, or, in a Slurm job of
-several tasks, as the tasks of one ``srun`` (:func:`srun_command`); rendezvous through a
-``torch.distributed.FileStore`` in the run's work folder, messages through ``torch.distributed``
-point-to-point calls (gloo on CPU, NCCL on CUDA, one GPU per block). Two schedules
-(``train.pipeline_sync``): ``true`` gives the ``per_block`` run's weights bit for bit; ``false``
-lets block ``j`` train on input up to ``j`` steps old (its staleness, recorded per step). See
-``docs/local_learning.md``.
+Why (arXiv 2610.04867, first sentence): without a backward pass between blocks, "inter-stage
+communication becomes forward-only and every block can step its optimizer independently". Each
+block runs in its own process (:mod:`zgcore.local.stage`), spawned by ``torch.multiprocessing`` or,
+in a Slurm job of several tasks, a task of one ``srun`` (:func:`srun_command`); they meet through a
+``torch.distributed.FileStore`` in the work folder and pass messages point to point (gloo on CPU,
+NCCL on CUDA, one GPU per block). ``train.pipeline_sync = true`` gives the ``per_block`` run's
+weights bit for bit; ``false`` lets block ``j`` train on input up to ``j`` steps old (its
+staleness, recorded per step). See ``docs/local_learning.md``.
 
 Faults: every stage checkpoints at the same steps and keeps each checkpoint until all stages have
 a later one; a (re)start restarts every stage from the last step all of them saved

@@ -71,7 +71,7 @@ def study_report(name: str, tokenizer: str, seq_len: int, cells: list[Mapping[st
     saved-activation bytes in both execution modes and their ratio (together / per-block).
     Tokens per parameter: training tokens per configuration over the model's non-embedding
     parameters (all parameters less the input embedding and the untied LM head, ``2 x V x d``;
-    aux heads not counted). ``findings``: :func:`paper_findings`. FLOPs: each row's training FLOPs
+    aux heads not counted). FLOPs: each row's training FLOPs
     (:func:`zgcore.local.flops.run_flops`, counted with the run's own vocabulary), each config's
     ``flops`` too. ``descriptive``: a plumbing check (smoke preset): every comparison
     :func:`zgcore.evaluation.compare.descriptive`, no verdict. ``selection``: how each reported run's

@@ -47,7 +47,7 @@ SEED_VARIES = ("the whole run's randomness: model and aux-head initialisation (t
 
 
 def expand_seeds(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The study's cells (:func:`expand_study`, with :func:`flops_matched_cell` when
+    """The study's cells (:func:`expand_study`, with :func:`.flops.flops_matched_cell` when
     ``study.flops_matched``) once per seed of ``cfg["seeds"]`` (seed-major), each with ``"seed"``
     and its run :func:`seeded` (:data:`SEED_VARIES`); without ``seeds`` the cells of ``train.seed``
     (and ``train.data_seed`` as configured)."""

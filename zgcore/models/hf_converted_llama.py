@@ -21,14 +21,11 @@ size), and both give the same outputs up to float rounding:
   of the tokens that have left the window.
 * ``none``: no attention sub-layer (Puzzle's no-op; Bercovich et al. 2024, arXiv:2411.19146).
 
-On CUDA, where flash-linear-attention (``fla``, Yang et al.) is installed, the parallel form of
-``linear`` and ``linear_window`` runs its chunked linear-attention kernel (``chunk_linear_attn``) and
-no ``T x T`` matrix is formed: the linear part beyond the window is the same kernel on keys and
-values shifted by ``window`` positions, the softmax part is computed over bands of ``2 * window``
-keys. Elsewhere (the CPU, or no ``fla``) the PyTorch form runs; both compute the same sums (up to
-float rounding). ``ZGMixer.kernel`` picks: ``"auto"`` (the default), ``"torch"`` or ``"fla"``
-(raises ``ImportError`` without ``fla``). fla is optional: the folder needs only torch and
-transformers.
+On CUDA with flash-linear-attention (``fla``, Yang et al.) installed, the parallel form of ``linear``
+and ``linear_window`` runs fla's ``chunk_linear_attn`` with no ``T x T`` matrix (the part beyond the
+window on keys and values shifted by ``window``, the softmax part over bands of ``2 * window`` keys);
+elsewhere the PyTorch form computes the same sums. ``ZGMixer.kernel``: ``"auto"`` (default),
+``"torch"`` or ``"fla"`` (``ImportError`` without it). fla is optional.
 
 Queries and keys keep the teacher's rotary positions (applied before the feature map and before
 keys enter the ring, so the ring holds rotated keys and its order does not matter). ``W`` starts as

@@ -7,10 +7,8 @@ The probe: square matmuls of ``PROBE_N`` (CPU, float32 at torch's current thread
 ``PROBE_N_CUDA`` (CUDA, bfloat16) rows, ``PROBE_WARMUP`` warm-ups, then the best of at least
 ``PROBE_REPEATS`` timed calls spread over at least ``PROBE_SECONDS``, at ``2 n^3`` FLOPs each. It
 is taken once per process, device and thread count and recorded with every figure divided by it.
-Why that long: on the shared 2-core machine the best of five calls (about 10 ms) read 108-179
-GFLOP/s in processes seconds apart, and even the best of forty (80 ms) once read 90, where the
-model's own large matmuls run at 180-188 (the best over half a second read 142-186); a stall of the
-virtual machine longer than the window lowers the best of it.
+The window is that long because a short one is lowered by any stall of a shared machine longer
+than it (figures: docs/performance.md, "Compute utilisation (MFU)").
 """
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def topk_kd_loss(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tens
         hidden: the student's final hidden states (after its final norm) ``[B, S, H]``.
         head: hidden ``[n, H]`` -> logits ``[n, vocab]`` (LM head, then the family's logit
             scaling / soft-capping: :meth:`zgcore.models.families.FamilyAdapter.finish_logits`).
-        ids, logp, rest: targets ``[B, S, k]``, ``[B, S, k]``, ``[B, S]`` (as :func:`unpack`).
+        ids, logp, rest: targets ``[B, S, k]``, ``[B, S, k]``, ``[B, S]`` (as :func:`zgcore.data.logit_store.unpack`).
         temperature: ``T`` > 0. chunk: positions per chunk (None: ``CHUNK_BYTES // (4 * vocab)``,
             at least 1; >= ``B * S``: one chunk, no checkpointing).
 

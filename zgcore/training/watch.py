@@ -36,11 +36,10 @@ class TensorBoardWatch:
             (:mod:`zgcore.evaluation.flops` counts them), or None (no MFU curve).
         peak: the peak FLOP/s of this process (:func:`zgcore.training.mfu.probe`), or None.
 
-    The writer is opened lazily at the first step, so a run that fails before training writes
-    nothing, and is closed by :meth:`close` (the loop calls it at its end). A resumed run (first
-    step > 1) opens it with ``purge_step`` at that step: TensorBoard discards the events the
-    interrupted run wrote after its last checkpoint, so the run shows one curve; the events up to
-    that checkpoint were flushed before it was written (:meth:`flush`).
+    The writer opens at the first step (a run that fails before training writes nothing) and
+    closes in :meth:`close`. A resumed run opens it with ``purge_step`` at its first step, so
+    TensorBoard drops the events written after the last checkpoint (every earlier event was
+    flushed before that checkpoint, :meth:`flush`) and the run shows one curve.
     """
 
     def __init__(self, log_dir: str | os.PathLike, flops_per_token: float | None = None, peak: float | None = None):

@@ -6,8 +6,7 @@ heaps, the ``xxh3`` column itself, the statistics rows, free space) is covered f
 ``outside_sha256``: the SHA-256 of the file with the sequence data of dataset ``h`` (one contiguous
 byte range, ``data = [offset, bytes]``) left out, recorded at build time and checked when a reader
 first opens the file. Opening a store and reading its first batch then costs what the metadata
-and that batch's bytes cost, whatever the files' sizes (``bench/store_scale.py``); before format
-5 the reader hashed every byte of a file before its first value was used.
+and that batch's bytes cost, whatever the files' sizes (``bench/store_scale.py``).
 
 The whole-file SHA-256 (``sha256``) is still recorded for every file, and :func:`check_store`
 (the ``zerograph verify`` command) compares every byte of every shard with it.
