@@ -48,7 +48,7 @@ class StudentBlock(nn.Module):
         if kv_heads is not None:
             cfg.num_key_value_heads = int(kv_heads)
         self.kv_heads = kv_heads
-        self.body = AutoModel.from_config(cfg, attn_implementation=attn_implementation(cfg))
+        self.body = AutoModel.from_config(cfg, attn_implementation=attn_implementation(cfg), dtype=torch.float32)
         setattr(self.body, self.adapter.norm, nn.Identity())
         if hasattr(self.body, "wpe"):
             nn.init.zeros_(self.body.wpe.weight)
@@ -268,7 +268,7 @@ def assemble(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Module:
     if layer_types:
         cfg.layer_types = layer_types
     with torch.device("meta"):
-        student = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg))
+        student = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg), dtype=torch.float32)
     def padded(b: StudentBlock, lsd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return pad_layer(lsd, teacher.config, b.width, width) if b.width < width else lsd
 

@@ -92,7 +92,7 @@ def student_extra(config) -> dict[str, float]:
     ad = adapter_for(config)
     cfg = ad.sub_config(config, [], headless=False)
     with torch.device("meta"):
-        lm = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg))
+        lm = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg), dtype=torch.float32)
     norm = getattr(ad.base_model(lm), ad.norm)
     return {"params": int(sum(p.numel() for p in norm.parameters())),
             "flops": 2.0 * int(config.hidden_size) * int(config.vocab_size), "kv_bytes": 0}

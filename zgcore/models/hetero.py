@@ -86,7 +86,7 @@ def assemble_exact(teacher: nn.Module, blocks: Sequence[StudentBlock]) -> nn.Mod
         if kvs[0] != teacher_kv_heads(teacher.config):
             cfg.num_key_value_heads = kvs[0]
         with torch.device("meta"):
-            student = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg))
+            student = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation(cfg), dtype=torch.float32)
     else:
         if teacher.config.model_type not in HETERO_FAMILIES:
             raise ValueError(f"layers of different MLP widths or KV heads are built for {', '.join(HETERO_FAMILIES)}, "
