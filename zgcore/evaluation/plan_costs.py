@@ -24,14 +24,15 @@ from typing import Any, Callable, Mapping
 from zgcore.evaluation import flops
 from zgcore.evaluation.plan_shape import ModelShape, student_shape
 
-BASE_HOST = 420 * 2**20  # RSS of a task process before its work (imports, Luigi worker): measured, docs/scale.md
+BASE_HOST = 400 * 2**20  # RSS of a task process before its work (imports, Luigi worker): measured, docs/scale.md
 ACT_D, ACT_I = 18, 5  # floats kept for backward per token per layer (per unit of width / MLP width): docs/scale.md
 FWD_D, FWD_I = 6, 3  # floats live in one layer's forward without gradients, per token
 AUTOCAST_ACT = 0.55  # share of the float32 activation bytes kept under CUDA bf16 autocast
 H5_FILE_OVERHEAD = 2048  # bytes of an HDF5 file of contiguous datasets outside their data (superblock, headers)
 H5_CHUNKED_OVERHEAD = 4352  # more for a chunked, checksummed dataset (the sums of squares: B-tree, filter pipeline)
-SMALL_FILE = 4096  # a JSON record or report
+SMALL_FILE = 1536  # a JSON record (task.json and its checksum, a metrics file)
 WRITE_BPS, READ_BPS = 1.0e9, 2.0e9  # disk bytes per second written and read (a local NVMe or page cache)
+HASH_BPS = 0.5e9  # bytes per second SHA-256 fingerprints a teacher's weight files (one core)
 TASK_START_S = 2.0  # seconds a task spends loading before its work
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -97,10 +98,16 @@ def _rows(ctx: Context, corpus: Mapping[str, Any]) -> int:
 
 
 def prepare_teacher(p: Mapping[str, Any], ctx: Context) -> Cost:
-    """PrepareTeacher: a GGUF de-quantised into a float32 folder, a tiny teacher built, or a local one recorded."""
+    """PrepareTeacher: a GGUF de-quantised into a float32 folder, a tiny teacher built, or a local
+    folder recorded (its weight files read once for their fingerprint, at :data:`HASH_BPS`)."""
     spec = str(p["teacher"])
-    weights = 4 * ctx.teacher.total() if spec == "smollm2-135m" or spec.startswith("tiny-") else 0
-    return Cost("io", bytes_written=weights + SMALL_FILE, memory={"weights": 2 * weights})
+    built = spec == "smollm2-135m" or spec.startswith("tiny-")
+    weights = 4 * ctx.teacher.total() if built else 0
+    cfg = ctx.teacher.config
+    on_disk = ctx.teacher.total() * DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), 4)
+    c = Cost("io", bytes_written=weights + SMALL_FILE, memory={"weights": 2 * weights})
+    c.read = 0 if built else int(on_disk * READ_BPS / HASH_BPS)  # hashing is the slower reader: seconds_on divides by READ_BPS
+    return c
 
 
 def prepare_corpus(p: Mapping[str, Any], ctx: Context) -> Cost:
@@ -247,7 +254,7 @@ def _score(shape: ModelShape, p: Mapping[str, Any], ctx: Context, rows: int, pas
     w = 4 * shape.total()
     batch = int(ev.get("batch_size", 8)) * T
     act = batch * (FWD_D * shape.width + FWD_I * shape.intermediate) * 4 * _act_scale(ctx) + batch * shape.vocab * 4 * 3
-    return Cost("forward", flops=work, bytes_written=rows * 16 + SMALL_FILE * 2, read=w,
+    return Cost("forward", flops=work, bytes_written=rows * 40 + SMALL_FILE * 3, read=w,
                 memory={"weights": w, "activations": int(act), "buffers": rows * T * 4}, host_extra=rows * T * 4)
 
 
@@ -283,11 +290,18 @@ def score_block(p: Mapping[str, Any], ctx: Context) -> Cost:
 
 
 def boundary_shift(p: Mapping[str, Any], ctx: Context) -> Cost:
-    """BoundaryShift: the teacher and the student over the scored rows (a few passes of the student)."""
-    c = _score(ctx.teacher, {**p, "eval": {**dict(p.get("eval") or {}), "context_sequences": 0}}, ctx,
-               _eval_rows(p, ctx), passes=2)
-    c.memory["weights"] *= 2
-    return c
+    """BoundaryShift: on ``eval.context_sequences`` test rows (4 when 0), the teacher to its last
+    boundary, and each block on teacher inputs, on the chain's and on three noise levels (5 passes)."""
+    t, T = ctx.teacher, int(p["corpus"]["seq_len"])
+    rows = min(int((p.get("eval") or {}).get("context_sequences") or 4), ctx.n_val)
+    bs = _boundaries(p["boundary"], t.n_layers)
+    stu = student_shape(t, _student_layers(p, ctx))
+    work = rows * T * (flops.layers_forward(t.layers[: bs[-1]], T, t.width)
+                       + 5 * flops.layers_forward(list(stu.layers), T, t.width))
+    w = 4 * (t.total() + stu.total())
+    act = rows * T * (FWD_D * t.width + FWD_I * t.intermediate) * 4 * _act_scale(ctx) + rows * T * t.width * 4 * len(bs)
+    return Cost("forward", flops=int(work), bytes_written=SMALL_FILE * 4, read=w,
+                memory={"weights": w, "activations": int(act), "buffers": rows * T * 4})
 
 
 def heal(p: Mapping[str, Any], ctx: Context) -> Cost:
