@@ -1,4 +1,4 @@
-"""The projections of issue 55, from the plan alone (``zerograph plan``'s model, no weights): the
+"""The projections people ask for, from the plan alone (``zerograph plan``'s model, no weights): the
 store size, the largest task's host and device memory and the device-hours of the default
 experiment's graph for Qwen2.5-1.5B and 3B at 100M tokens and Llama-3.1-8B and 70B at 40M tokens,
 K = 4 and 8 partitions, the store in float32 and bfloat16, on 8 H100s (``device = cuda``). Each

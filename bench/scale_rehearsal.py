@@ -7,8 +7,7 @@ tasks), each task in a process of its own, in the graph's order.
 For every task it prints the predicted and the measured peak resident memory (the task process's
 ``ru_maxrss``), bytes written (its output folder) and seconds (the task's ``luigi.build`` inside the
 process, imports excluded), predicted at this machine's probe and the MFU of
-:mod:`zgcore.evaluation.accelerators`; then the largest error of each column. Tolerances (issue
-55): RSS within 15%, bytes within 2%, seconds within 25%.
+:mod:`zgcore.evaluation.accelerators`; then the largest error of each column. Tolerances: RSS within 15%, bytes within 2%, seconds within 25%.
 
     python bench/scale_rehearsal.py                               # both models, both dtypes
     python bench/scale_rehearsal.py --models Llama-3.2-1B --dtypes float32 --sequences 64 --steps 10
