@@ -14,6 +14,7 @@ process, imports excluded), predicted at this machine's probe and the MFU of
 
 Heavy: a 1B teacher in float32 is 5 GB, its cache build a few TFLOP. Run it nice'd on a shared machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,10 +53,12 @@ def make_teacher(name: str, folder: Path) -> Path:
 
 def settings(teacher: Path, dtype: str, sequences: int, seq_len: int, steps: int, blocks: int) -> str:
     """The ``--set`` string of one rehearsal run."""
-    return (f"teacher={teacher} corpus.seq_len={seq_len} corpus.max_tokens={sequences * seq_len} "
-            f"boundary.num_blocks={blocks} boundary.dtype={dtype} boundary.batch_size=8 train.max_steps={steps} "
-            f"train.batch_size=2 train.warmup_steps=2 train.checkpoint_every=1000 train.tensorboard=false "
-            f"eval.context_sequences=0 eval.extra=[] eval.batch_size=4")
+    return (
+        f"teacher={teacher} corpus.seq_len={seq_len} corpus.max_tokens={sequences * seq_len} "
+        f"boundary.num_blocks={blocks} boundary.dtype={dtype} boundary.batch_size=8 train.max_steps={steps} "
+        f"train.batch_size=2 train.warmup_steps=2 train.checkpoint_every=1000 train.tensorboard=false "
+        f"eval.context_sequences=0 eval.extra=[] eval.batch_size=4"
+    )
 
 
 def graph(overrides: str, outputs: str):
@@ -105,18 +108,33 @@ def rehearse(name: str, dtype: str, args) -> list[dict]:
         if not todo:
             break
         t = todo[0]  # dependencies first; re-planned after each task (the corpus's true size once tokenised)
-        proc = subprocess.Popen([sys.executable, __file__, "--run-one", t.id, "--set", over, "--work", args.work],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, env=env, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--run-one", t.id, "--set", over, "--work", args.work],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+            env=env,
+            text=True,
+        )
         stdout = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)
         measured = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else {"ok": False, "seconds": 0}
         done_before.add(t.id)
         spec = next(x for x in p["tasks"] if x.id == t.id)
         task = next(x for x in graph(over, out)[0] if x.task_id == t.id)
-        row = {"model": name, "dtype": dtype, "task": t.name, "family": t.family, "ok": measured["ok"],
-               "rss_pred": spec.host_bytes, "rss_meas": usage.ru_maxrss * 1024,
-               "bytes_pred": spec.bytes_written, "bytes_meas": folder_bytes(task.out_dir),
-               "s_pred": spec.seconds, "s_meas": measured["seconds"]}
+        row = {
+            "model": name,
+            "dtype": dtype,
+            "task": t.name,
+            "family": t.family,
+            "ok": measured["ok"],
+            "rss_pred": spec.host_bytes,
+            "rss_meas": usage.ru_maxrss * 1024,
+            "bytes_pred": spec.bytes_written,
+            "bytes_meas": folder_bytes(task.out_dir),
+            "s_pred": spec.seconds,
+            "s_meas": measured["seconds"],
+        }
         rows.append(row)
         print(line(row), flush=True)
         if not measured["ok"]:
@@ -133,10 +151,12 @@ def err(pred: float, meas: float) -> float:
 def line(r: dict) -> str:
     """One row of the table (Markdown)."""
     mib = 2**20
-    return (f"| {r['model']} | {r['dtype']} | {r['task']} | {r['rss_pred'] / mib:.0f} / {r['rss_meas'] / mib:.0f} "
-            f"({err(r['rss_pred'], r['rss_meas']):+.0%}) | {r['bytes_pred'] / mib:.2f} / {r['bytes_meas'] / mib:.2f} "
-            f"({err(r['bytes_pred'], r['bytes_meas']):+.1%}) | {r['s_pred']:.1f} / {r['s_meas']:.1f} "
-            f"({err(r['s_pred'], r['s_meas']):+.0%}) |")
+    return (
+        f"| {r['model']} | {r['dtype']} | {r['task']} | {r['rss_pred'] / mib:.0f} / {r['rss_meas'] / mib:.0f} "
+        f"({err(r['rss_pred'], r['rss_meas']):+.0%}) | {r['bytes_pred'] / mib:.2f} / {r['bytes_meas'] / mib:.2f} "
+        f"({err(r['bytes_pred'], r['bytes_meas']):+.1%}) | {r['s_pred']:.1f} / {r['s_meas']:.1f} "
+        f"({err(r['s_pred'], r['s_meas']):+.0%}) |"
+    )
 
 
 def main(argv=None) -> None:

@@ -1,5 +1,6 @@
 """The plan (``zerograph plan``, zgcore/evaluation/plan*.py, workflows/plan.py) and the pre-flight
 that guards a run with it."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 from bench.scale_configs import CONFIGS, write_config
 from zgcore.evaluation import plan as zplan
-from zgcore.evaluation import plan_costs
+from zgcore.evaluation import plan_costs, plan_training
 from zgcore.evaluation.accelerators import ACCELERATORS, device
 from zgcore.evaluation.plan_shape import read_config, shape_of
 
@@ -29,8 +30,13 @@ def cli(*args: str):
 
 def test_the_shapes_of_real_configs_count_their_published_parameters():
     # the parameter counts each model card publishes (embeddings and an untied head included)
-    published = {"Llama-3.2-1B": 1.2358e9, "Llama-3.1-8B": 8.0303e9, "Llama-3.1-70B": 70.5537e9,
-                 "Qwen2.5-1.5B": 1.5437e9, "Qwen2.5-3B": 3.0859e9}
+    published = {
+        "Llama-3.2-1B": 1.2358e9,
+        "Llama-3.1-8B": 8.0303e9,
+        "Llama-3.1-70B": 70.5537e9,
+        "Qwen2.5-1.5B": 1.5437e9,
+        "Qwen2.5-3B": 3.0859e9,
+    }
     for name, n in published.items():
         assert shape_of(CONFIGS[name]).total() == pytest.approx(n, rel=1e-4), name
 
@@ -54,8 +60,20 @@ def test_a_70b_plan_from_a_folder_holding_only_config_json(tmp_path):
     folder = write_config("Llama-3.1-70B", tmp_path / "l70")
     assert [p.name for p in folder.iterdir()] == ["config.json"]
     out = tmp_path / "o"
-    r = cli("plan", "--tokens", "40000000", "--device", "h100", "--devices", "8", "--json",
-            "--set", f"teacher={folder} device=cuda", "--outputs", str(out))
+    r = cli(
+        "plan",
+        "--tokens",
+        "40000000",
+        "--device",
+        "h100",
+        "--devices",
+        "8",
+        "--json",
+        "--set",
+        f"teacher={folder} device=cuda",
+        "--outputs",
+        str(out),
+    )
     assert r.exit_code == 0, r.output
     rec = json.loads(r.output)
     fams = {t["family"] for t in rec["tasks"]}
@@ -92,22 +110,26 @@ def test_every_family_of_every_registered_workflow_has_a_cost_model(tmp_path):
     seen = set()
     for wf in registry.all_workflows():
         root = getattr(workflows, wf.name)(preset=wf.tiny, outputs=str(tmp_path))
-        tasks, _, _ = graph_tasks(list(root.requires()) if isinstance(root.requires(), list) else [root.requires()],
-                                  None)
+        tasks, _, _ = graph_tasks(
+            list(root.requires()) if isinstance(root.requires(), list) else [root.requires()], None
+        )
         seen |= {t.get_task_family() for t in tasks}
-    missing = sorted(seen - set(plan_costs.FAMILIES))
-    assert not missing, f"task families without a cost model in zgcore/evaluation/plan_costs.py: {missing}"
+    missing = sorted(seen - set(zplan.FAMILIES))
+    assert not missing, f"task families without a cost model in zgcore/evaluation/plan.py FAMILIES: {missing}"
     assert {"BoundaryShard", "TrainBlock", "PretrainLocal", "DistillE2E", "ScoreCandidate"} <= seen
     with pytest.raises(KeyError, match="'NewTask' has no cost model"):  # a family added tomorrow without one
-        plan_costs.task_cost("NewTask", {}, plan_costs.Context(shape_of(CONFIGS["Qwen2.5-1.5B"]), 10, 1))
+        zplan.task_cost("NewTask", {}, plan_costs.Context(shape_of(CONFIGS["Qwen2.5-1.5B"]), 10, 1))
 
 
 def test_the_step_count_is_the_training_loop_s():
     from zgcore.training.blocks import total_steps
 
-    for n, t in [(100, {"max_steps": 0, "batch_size": 4, "epochs": 1.5}), (7, {"max_steps": 0, "batch_size": 4,
-                 "epochs": 1}), (1000, {"max_steps": 33, "batch_size": 8, "epochs": 2})]:
-        assert plan_costs.total_steps(n, t) == total_steps(n, t)
+    for n, t in [
+        (100, {"max_steps": 0, "batch_size": 4, "epochs": 1.5}),
+        (7, {"max_steps": 0, "batch_size": 4, "epochs": 1}),
+        (1000, {"max_steps": 33, "batch_size": 8, "epochs": 2}),
+    ]:
+        assert plan_training.total_steps(n, t) == total_steps(n, t)
 
 
 def test_a_codec_plugs_into_the_bytes_per_element():
@@ -152,16 +174,32 @@ def test_the_planned_store_of_a_built_experiment_is_its_bytes_on_disk(smoke_run)
     on_disk = sum(f.stat().st_size for f in (out / "BoundaryShard").rglob("*.h5"))
     planned = sum(t["bytes_written"] for t in rec["tasks"] if t["family"] == "BoundaryShard")
     assert planned == pytest.approx(on_disk, rel=0.02)
-    whole = sum(f.stat().st_size for d in ("BoundaryShard", "TeacherBoundary") for f in (out / d).rglob("*")
-                if f.is_file())
+    whole = sum(
+        f.stat().st_size for d in ("BoundaryShard", "TeacherBoundary") for f in (out / d).rglob("*") if f.is_file()
+    )
     assert rec["totals"]["store_bytes"] == pytest.approx(whole, rel=0.02)
     assert all(t["done"] for t in rec["tasks"]) and rec["totals"]["bytes_written"] == 0
 
 
 def _luigi(out: Path, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([LUIGI, "--module", "workflows", "RunExperiment", "--local-scheduler", "--preset", "tiny",
-                           "--outputs", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    return subprocess.run(
+        [
+            LUIGI,
+            "--module",
+            "workflows",
+            "RunExperiment",
+            "--local-scheduler",
+            "--preset",
+            "tiny",
+            "--outputs",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+    )
 
 
 def test_the_pre_flight_stops_a_run_whose_store_cannot_fit_its_disk(tmp_path):
@@ -188,7 +226,9 @@ def test_the_pre_flight_stops_a_task_that_cannot_fit_a_memory_limit(tmp_path, mo
     assert largest.family == "TrainBlock" and largest.host["activations"] > largest.host["weights"]
     monkeypatch.setenv(wplan.MEMORY_LIMIT_ENV, str(largest.host_bytes - 1))
     msg = wplan.preflight(root)
-    assert msg == (f"pre-flight: task {largest.name} needs {zplan.human(largest.host_bytes)} of host memory, "
-                   f"{zplan.human(largest.host_bytes - 1)} is free: try a smaller train.batch_size (heal.batch_size "
-                   "for healing)")
+    assert msg == (
+        f"pre-flight: task {largest.name} needs {zplan.human(largest.host_bytes)} of host memory, "
+        f"{zplan.human(largest.host_bytes - 1)} is free: try a smaller train.batch_size (heal.batch_size "
+        "for healing)"
+    )
     assert not (tmp_path / "o").exists()

@@ -11,6 +11,7 @@ once PrepareCorpus has run; before, its sources' characters (the standard librar
 files) at :data:`CHARS_PER_TOKEN` (1 for the tiny teachers' byte tokenizer, 4 for a BPE
 tokenizer on English text), capped by ``corpus.max_tokens``.
 """
+
 from __future__ import annotations
 
 import json
@@ -96,8 +97,10 @@ def graph_tasks(roots: list, tokens: int | None) -> tuple[list, dict, tuple[int,
     for t in walked:
         d = [x.task_id for x in flatten(t.requires()) if not isinstance(x, _ShardTask)]
         if isinstance(t, _JoinTask):
-            shards = [t.shard_task(s, lo, hi) for s, lo, hi in
-                      plan_shards({"train": sizes[0], "val": sizes[1]}, int(t.boundary["shard_sequences"]))]
+            shards = [
+                t.shard_task(s, lo, hi)
+                for s, lo, hi in plan_shards({"train": sizes[0], "val": sizes[1]}, int(t.boundary["shard_sequences"]))
+            ]
             for s in shards:
                 out.append(s)
                 deps[s.task_id] = [x.task_id for x in flatten(s.requires())]
@@ -118,27 +121,59 @@ def make_plan(roots: list, tokens: int | None, dev, devices: int, accelerator: b
     from zgcore.evaluation.plan_shape import read_config, shape_of
 
     tasks, deps, (n_train, n_val) = graph_tasks(roots, tokens)
-    teacher = next((t.teacher for t in tasks if hasattr(t, "teacher")), None) or \
-        next((t.tokenizer for t in tasks if hasattr(t, "tokenizer")), "smollm2-135m")
-    on_acc = accelerator if accelerator is not None else (
-        dev.accelerator or str(getattr(tasks[-1], "device", "cpu")).startswith("cuda"))
+    teacher = next((t.teacher for t in tasks if hasattr(t, "teacher")), None) or next(
+        (t.tokenizer for t in tasks if hasattr(t, "tokenizer")), "smollm2-135m"
+    )
+    on_acc = (
+        accelerator
+        if accelerator is not None
+        else (dev.accelerator or str(getattr(tasks[-1], "device", "cpu")).startswith("cuda"))
+    )
     ctx = Context(shape_of(read_config(str(teacher))), n_train, n_val, bool(on_acc))
-    specs = [plan.TaskSpec(t.task_id, t.get_task_family(), t.title(), plain(t.param_kwargs), deps.get(t.task_id, ()),
-                           bool(getattr(t, "uses_device", True)), t.out_dir.is_dir() and tokens is None)
-             for t in tasks]
+    specs = [
+        plan.TaskSpec(
+            t.task_id,
+            t.get_task_family(),
+            t.title(),
+            plain(t.param_kwargs),
+            deps.get(t.task_id, ()),
+            bool(getattr(t, "uses_device", True)),
+            t.out_dir.is_dir() and tokens is None,
+        )
+        for t in tasks
+    ]
     plans = plan.plan_tasks(specs, ctx, dev)
-    return {"tasks": plans, "totals": plan.totals(plans, devices), "device": dev, "accelerator": bool(on_acc),
-            "n_train": n_train, "n_val": n_val, "teacher": str(teacher)}
+    return {
+        "tasks": plans,
+        "totals": plan.totals(plans, devices),
+        "device": dev,
+        "accelerator": bool(on_acc),
+        "n_train": n_train,
+        "n_val": n_val,
+        "teacher": str(teacher),
+    }
 
 
 def plan_record(p: Mapping[str, Any]) -> dict[str, Any]:
     """A plan as ``zerograph plan --json`` prints it: ``tasks`` (each :meth:`TaskPlan.record`),
     ``totals``, the device (name, peak FLOP/s, memory, source, MFU) and the corpus's sequences."""
     d = p["device"]
-    return {"tasks": [t.record() for t in p["tasks"]], "totals": p["totals"],
-            "device": {"name": d.name, "peak_flops_per_second": d.peak, "memory_bytes": d.memory, "source": d.source,
-                       "mfu": d.mfu}, "accelerator": p["accelerator"], "teacher": p["teacher"],
-            "n_train": p["n_train"], "n_val": p["n_val"], "prediction": True}
+    return {
+        "tasks": [t.record() for t in p["tasks"]],
+        "totals": p["totals"],
+        "device": {
+            "name": d.name,
+            "peak_flops_per_second": d.peak,
+            "memory_bytes": d.memory,
+            "source": d.source,
+            "mfu": d.mfu,
+        },
+        "accelerator": p["accelerator"],
+        "teacher": p["teacher"],
+        "n_train": p["n_train"],
+        "n_val": p["n_val"],
+        "prediction": True,
+    }
 
 
 PREFLIGHT_ENV = "ZG_PREFLIGHT"  # 0: skip the pre-flight
@@ -199,12 +234,15 @@ def _remedy(p, cfg: Mapping[str, Any]) -> str:
     big = max(parts, key=parts.get)
     stream = "teacher_stream=true, " if "teacher_stream" in cfg else ""
     if p.family in ("BoundaryShard", "TeacherLogits"):
-        return {"weights": f"{stream}boundary.teacher_dtype=bfloat16", "activations": "a smaller boundary.batch_size",
-                }.get(big, "a smaller boundary.shard_sequences")
+        return {
+            "weights": f"{stream}boundary.teacher_dtype=bfloat16",
+            "activations": "a smaller boundary.batch_size",
+        }.get(big, "a smaller boundary.shard_sequences")
     if p.kind == "train":
-        return {"activations": "a smaller train.batch_size (heal.batch_size for healing)",
-                "buffers": "a smaller train.batch_size or train.prefetch"}.get(
-                    big, "more partitions (boundary.num_blocks) or a smaller train.batch_size")
+        return {
+            "activations": "a smaller train.batch_size (heal.batch_size for healing)",
+            "buffers": "a smaller train.batch_size or train.prefetch",
+        }.get(big, "more partitions (boundary.num_blocks) or a smaller train.batch_size")
     if big == "activations":
         return "a smaller eval.batch_size"
     return f"{stream}a machine with more memory"
@@ -226,20 +264,26 @@ def preflight(root, outputs: str | None = None) -> str | None:
     need, disk = p["totals"]["disk_needed_bytes"], free_disk(out)
     if need > disk:
         codec = "boundary.codec, " if "codec" in cfg.get("boundary", {}) else ""
-        return (f"pre-flight: the tasks still to run write {human(need)} under {out}, which has {human(disk)} free: "
-                f"store fewer bytes ({codec}boundary.dtype=bfloat16, a smaller corpus.max_tokens) or free space")
+        return (
+            f"pre-flight: the tasks still to run write {human(need)} under {out}, which has {human(disk)} free: "
+            f"store fewer bytes ({codec}boundary.dtype=bfloat16, a smaller corpus.max_tokens) or free space"
+        )
     todo = [t for t in p["tasks"] if not t.done]
     host = free_host_memory()
     for t in sorted(todo, key=lambda t: -t.host_bytes):
         if t.host_bytes > host:
-            return (f"pre-flight: task {t.name} needs {human(t.host_bytes)} of host memory, {human(host)} is free: "
-                    f"try {_remedy(t, cfg)}")
+            return (
+                f"pre-flight: task {t.name} needs {human(t.host_bytes)} of host memory, {human(host)} is free: "
+                f"try {_remedy(t, cfg)}"
+            )
         break
     dev = free_device_memory(str(cfg.get("device", "cpu")))
     for t in sorted(todo, key=lambda t: -t.device_bytes):
         if dev is not None and t.device_bytes > dev:
-            return (f"pre-flight: task {t.name} needs {human(t.device_bytes)} of device memory, {human(dev)} is free: "
-                    f"try {_remedy(t, cfg)}")
+            return (
+                f"pre-flight: task {t.name} needs {human(t.device_bytes)} of device memory, {human(dev)} is free: "
+                f"try {_remedy(t, cfg)}"
+            )
         break
     return None
 

@@ -18,6 +18,7 @@ The MFU a plan states by default: on this machine's CPU the phases measured in d
 named accelerator 40% for every phase (a stated assumption, the usual range of large-model training
 at bf16; ``--mfu`` replaces it).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,16 +43,28 @@ class Device:
 
 
 ACCELERATORS: dict[str, Device] = {
-    "h100": Device("h100", 989 * TFLOP, 80 * GB,
-                   "NVIDIA H100 SXM5 datasheet, bf16 dense (https://www.nvidia.com/en-us/data-center/h100/)",
-                   {"train": 0.40, "forward": 0.40}),
-    "h200": Device("h200", 989 * TFLOP, 141 * GB,
-                   "NVIDIA H200 SXM datasheet, bf16 dense (https://www.nvidia.com/en-us/data-center/h200/)",
-                   {"train": 0.40, "forward": 0.40}),
-    "a100": Device("a100", 312 * TFLOP, 80 * GB,
-                   "NVIDIA A100 80GB SXM datasheet, bf16 dense (https://www.nvidia.com/content/dam/en-zz/Solutions/"
-                   "Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)",
-                   {"train": 0.40, "forward": 0.40}),
+    "h100": Device(
+        "h100",
+        989 * TFLOP,
+        80 * GB,
+        "NVIDIA H100 SXM5 datasheet, bf16 dense (https://www.nvidia.com/en-us/data-center/h100/)",
+        {"train": 0.40, "forward": 0.40},
+    ),
+    "h200": Device(
+        "h200",
+        989 * TFLOP,
+        141 * GB,
+        "NVIDIA H200 SXM datasheet, bf16 dense (https://www.nvidia.com/en-us/data-center/h200/)",
+        {"train": 0.40, "forward": 0.40},
+    ),
+    "a100": Device(
+        "a100",
+        312 * TFLOP,
+        80 * GB,
+        "NVIDIA A100 80GB SXM datasheet, bf16 dense (https://www.nvidia.com/content/dam/en-zz/Solutions/"
+        "Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)",
+        {"train": 0.40, "forward": 0.40},
+    ),
 }
 CPU_MFU = {"train": 0.67, "forward": 0.70}  # docs/performance.md, "Compute utilisation (MFU)"
 
@@ -79,9 +92,14 @@ def device(name: str, mfu: float | None = None, probe: Callable[[str], dict[str,
             import torch
 
             memory = int(torch.cuda.get_device_properties(torch.device(dev)).total_memory)
-        d = Device(dev, float(p["peak_flops_per_second"]), memory,
-                   f"this process's matmul probe ({p['dtype']}, {p['threads']} threads, n={p['n']})",
-                   {"train": 0.40, "forward": 0.40} if gpu else dict(CPU_MFU), accelerator=gpu)
+        d = Device(
+            dev,
+            float(p["peak_flops_per_second"]),
+            memory,
+            f"this process's matmul probe ({p['dtype']}, {p['threads']} threads, n={p['n']})",
+            {"train": 0.40, "forward": 0.40} if gpu else dict(CPU_MFU),
+            accelerator=gpu,
+        )
     else:
         raise KeyError(f"unknown device {name!r}; known: {', '.join([*ACCELERATORS, 'cpu', 'cuda'])}")
     if mfu is not None:

@@ -5,20 +5,76 @@ any task, the device-hours and the wall time with the graph's parallelism on ``d
 (its shards in parallel, its blocks in parallel).
 
 It needs shapes only (:mod:`zgcore.evaluation.plan_shape`: a teacher's ``config.json``), never
-weights. Each task's cost comes from :mod:`zgcore.evaluation.plan_costs`; the workflows hand in the
+weights. Each task's cost comes from :mod:`zgcore.evaluation.plan_costs` and
+:mod:`zgcore.evaluation.plan_training` (:data:`FAMILIES`); the workflows hand in the
 tasks (``workflows/plan.py`` walks the Luigi graph). Peaks come from
 :mod:`zgcore.evaluation.accelerators`.
 """
+
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from zgcore.evaluation import plan_costs as costs
+from zgcore.evaluation import plan_training as training
 from zgcore.evaluation.accelerators import Device
-from zgcore.evaluation.plan_costs import READ_BPS, TASK_START_S, WRITE_BPS, Context, task_cost
+from zgcore.evaluation.plan_costs import READ_BPS, TASK_START_S, WRITE_BPS, Context, Cost
 
 STORE_FAMILIES = ("BoundaryShard", "TeacherBoundary")  # the boundary store: its shards and their join
+
+
+# every task family the registered workflows build, and its cost function (tests/test_plan.py walks their graphs)
+FAMILIES: dict[str, Callable[[Mapping[str, Any], Context], Cost]] = {
+    "PrepareTeacher": costs.prepare_teacher,
+    "PrepareCorpus": costs.prepare_corpus,
+    "PrepareHeldOut": costs.prepare_heldout,
+    "BoundaryShard": costs.boundary_shard,
+    "TeacherLogits": costs.logit_shard,
+    "TeacherBoundary": costs.join,
+    "TeacherLogitStore": costs.join,
+    "TrainBlock": training.train_block,
+    "ScoreBlock": costs.score_block,
+    "Assemble": costs.assemble,
+    "AssembleExact": costs.assemble,
+    "ScoreTeacher": costs.score_teacher,
+    "LayerImportance": costs.score_teacher,
+    "ScoreUntrained": costs.score_student,
+    "ScoreAssembled": costs.score_student,
+    "ScoreStudent": costs.score_student,
+    "ScoreCandidate": costs.score_student,
+    "EvaluateStudent": costs.score_student,
+    "BoundaryShift": costs.boundary_shift,
+    "Heal": training.heal,
+    "DistillE2E": training.heal,
+    "PretrainLocal": training.pretrain_local,
+    "EvaluateLocal": training.evaluate_local,
+    **dict.fromkeys(
+        (
+            "Evaluate",
+            "SeedSummary",
+            "ObjectiveStudyReport",
+            "DistillStudyReport",
+            "DistillSeedsReport",
+            "LibraryReport",
+            "LocalStudyReport",
+            "ChooseLocalLR",
+            "SelectBudget",
+        ),
+        costs.report,
+    ),
+}
+
+
+def task_cost(family: str, params: Mapping[str, Any], ctx: Context) -> Cost:
+    """The :class:`Cost` of one task of ``family`` with Luigi parameters ``params``.
+
+    Raises:
+        KeyError: a family without a cost function in :data:`FAMILIES` (naming it)."""
+    if family not in FAMILIES:
+        raise KeyError(f"task family {family!r} has no cost model in zgcore.evaluation.plan.FAMILIES")
+    return FAMILIES[family](params, ctx)
 
 
 @dataclass
@@ -66,10 +122,21 @@ class TaskPlan:
 
     def record(self) -> dict[str, Any]:
         """The task as JSON (``zerograph plan --json``'s ``tasks`` entries)."""
-        return {"family": self.family, "name": self.name, "kind": self.kind, "host_bytes": self.host_bytes,
-                "device_bytes": self.device_bytes, "host": self.host, "device": self.device,
-                "bytes_written": self.bytes_written, "scratch_bytes": self.scratch_bytes, "flops": self.flops,
-                "seconds": self.seconds, "uses_device": self.uses_device, "done": self.done}
+        return {
+            "family": self.family,
+            "name": self.name,
+            "kind": self.kind,
+            "host_bytes": self.host_bytes,
+            "device_bytes": self.device_bytes,
+            "host": self.host,
+            "device": self.device,
+            "bytes_written": self.bytes_written,
+            "scratch_bytes": self.scratch_bytes,
+            "flops": self.flops,
+            "seconds": self.seconds,
+            "uses_device": self.uses_device,
+            "done": self.done,
+        }
 
 
 def seconds_on(kind: str, flops: int, written: int, read: int, dev: Device) -> float:
@@ -86,8 +153,23 @@ def plan_tasks(tasks: Sequence[TaskSpec], ctx: Context, dev: Device) -> list[Tas
         c = task_cost(t.family, t.params, ctx)
         host, device = c.split(ctx.accelerator and t.uses_device)
         secs = seconds_on(c.kind, c.flops, c.bytes_written, c.read, dev)
-        out.append(TaskPlan(t.id, t.family, t.name, c.kind, host, device, int(c.bytes_written), int(c.scratch),
-                            int(c.flops), float(secs), bool(t.uses_device), bool(t.done), tuple(t.deps)))
+        out.append(
+            TaskPlan(
+                t.id,
+                t.family,
+                t.name,
+                c.kind,
+                host,
+                device,
+                int(c.bytes_written),
+                int(c.scratch),
+                int(c.flops),
+                float(secs),
+                bool(t.uses_device),
+                bool(t.done),
+                tuple(t.deps),
+            )
+        )
     return out
 
 
@@ -122,15 +204,19 @@ def totals(plans: Sequence[TaskPlan], devices: int = 1) -> dict[str, Any]:
     todo = [p for p in plans if not p.done]
     host = max(plans, key=lambda p: p.host_bytes, default=None)
     dev = max(plans, key=lambda p: p.device_bytes, default=None)
-    return {"store_bytes": int(sum(p.bytes_written for p in plans if p.family in STORE_FAMILIES)),
-            "bytes_written": int(sum(p.bytes_written for p in todo)),
-            "disk_needed_bytes": int(sum(p.bytes_written for p in todo) + max((p.scratch_bytes for p in todo), default=0)),
-            "peak_host_bytes": host.host_bytes if host else 0, "peak_host_task": host.name if host else None,
-            "peak_device_bytes": dev.device_bytes if dev else 0,
-            "peak_device_task": dev.name if dev and dev.device_bytes else None,
-            "flops": int(sum(p.flops for p in plans)),
-            "device_hours": sum(p.seconds for p in todo if p.uses_device) / 3600.0,
-            "devices": int(devices), "wall_seconds": wall_seconds(plans, devices)}
+    return {
+        "store_bytes": int(sum(p.bytes_written for p in plans if p.family in STORE_FAMILIES)),
+        "bytes_written": int(sum(p.bytes_written for p in todo)),
+        "disk_needed_bytes": int(sum(p.bytes_written for p in todo) + max((p.scratch_bytes for p in todo), default=0)),
+        "peak_host_bytes": host.host_bytes if host else 0,
+        "peak_host_task": host.name if host else None,
+        "peak_device_bytes": dev.device_bytes if dev else 0,
+        "peak_device_task": dev.name if dev and dev.device_bytes else None,
+        "flops": int(sum(p.flops for p in plans)),
+        "device_hours": sum(p.seconds for p in todo if p.uses_device) / 3600.0,
+        "devices": int(devices),
+        "wall_seconds": wall_seconds(plans, devices),
+    }
 
 
 def by_family(plans: Sequence[TaskPlan]) -> dict[str, list[TaskPlan]]:
@@ -163,32 +249,47 @@ def seconds_text(s: float) -> str:
 def table(plans: Sequence[TaskPlan], tot: Mapping[str, Any], dev: Device, accelerator: bool) -> str:
     """The plan as a text table, one line per task grouped by family (a family of many tasks, such
     as the store's shards, prints its largest and a line of sums), then the totals."""
-    head = (f"{'task':<38} {'host':>9} {'device':>9} {'weights':>9} {'optim':>9} {'activ':>9} {'buffers':>9} "
-            f"{'written':>9} {'FLOPs':>10} {'time':>9}")
-    lines = [f"plan on {dev.name} ({dev.source}); MFU train {dev.mfu['train']:.0%}, forward {dev.mfu['forward']:.0%}",
-             head, "-" * len(head)]
+    head = (
+        f"{'task':<38} {'host':>9} {'device':>9} {'weights':>9} {'optim':>9} {'activ':>9} {'buffers':>9} "
+        f"{'written':>9} {'FLOPs':>10} {'time':>9}"
+    )
+    lines = [
+        f"plan on {dev.name} ({dev.source}); MFU train {dev.mfu['train']:.0%}, forward {dev.mfu['forward']:.0%}",
+        head,
+        "-" * len(head),
+    ]
 
     def row(name: str, p: TaskPlan, written: int, fl: int, secs: float) -> str:
         parts = p.device if accelerator and p.uses_device else p.host
-        return (f"{name[:38]:<38} {human(p.host_bytes):>9} {human(p.device_bytes):>9} {human(parts['weights']):>9} "
-                f"{human(parts['optimizer']):>9} {human(parts['activations']):>9} {human(parts['buffers']):>9} "
-                f"{human(written):>9} {human(fl, 'FLOP'):>10} {seconds_text(secs):>9}" + ("  (done)" if p.done else ""))
+        return (
+            f"{name[:38]:<38} {human(p.host_bytes):>9} {human(p.device_bytes):>9} {human(parts['weights']):>9} "
+            f"{human(parts['optimizer']):>9} {human(parts['activations']):>9} {human(parts['buffers']):>9} "
+            f"{human(written):>9} {human(fl, 'FLOP'):>10} {seconds_text(secs):>9}" + ("  (done)" if p.done else "")
+        )
 
     for fam, ps in by_family(plans).items():
         if len(ps) > 4:
             big = max(ps, key=lambda p: (p.host_bytes + p.device_bytes, p.seconds))
             lines.append(row(f"{fam} x{len(ps)} (largest)", big, big.bytes_written, big.flops, big.seconds))
-            lines.append(f"{'  ' + fam + ' summed':<38} {'':>9} {'':>9} {'':>9} {'':>9} {'':>9} {'':>9} "
-                         f"{human(sum(p.bytes_written for p in ps)):>9} "
-                         f"{human(sum(p.flops for p in ps), 'FLOP'):>10} {seconds_text(sum(p.seconds for p in ps)):>9}")
+            lines.append(
+                f"{'  ' + fam + ' summed':<38} {'':>9} {'':>9} {'':>9} {'':>9} {'':>9} {'':>9} "
+                f"{human(sum(p.bytes_written for p in ps)):>9} "
+                f"{human(sum(p.flops for p in ps), 'FLOP'):>10} {seconds_text(sum(p.seconds for p in ps)):>9}"
+            )
         else:
             lines += [row(f"{p.family} {p.name.split(' ', 1)[-1]}", p, p.bytes_written, p.flops, p.seconds) for p in ps]
-    lines += ["", f"store: {human(tot['store_bytes'])}; written by tasks still to run: {human(tot['bytes_written'])}"
-              f" (disk needed with checkpoints: {human(tot['disk_needed_bytes'])})",
-              f"peak host memory: {human(tot['peak_host_bytes'])} ({tot['peak_host_task']})"
-              + (f"; peak device memory: {human(tot['peak_device_bytes'])} ({tot['peak_device_task']})"
-                 if tot["peak_device_bytes"] else ""),
-              f"FLOPs: {human(tot['flops'], 'FLOP')}; device-hours: {tot['device_hours']:.3f}; "
-              f"wall time on {tot['devices']} device(s): {seconds_text(tot['wall_seconds'])}",
-              "(predictions: docs/scale.md gives the measured error of each)"]
+    lines += [
+        "",
+        f"store: {human(tot['store_bytes'])}; written by tasks still to run: {human(tot['bytes_written'])}"
+        f" (disk needed with checkpoints: {human(tot['disk_needed_bytes'])})",
+        f"peak host memory: {human(tot['peak_host_bytes'])} ({tot['peak_host_task']})"
+        + (
+            f"; peak device memory: {human(tot['peak_device_bytes'])} ({tot['peak_device_task']})"
+            if tot["peak_device_bytes"]
+            else ""
+        ),
+        f"FLOPs: {human(tot['flops'], 'FLOP')}; device-hours: {tot['device_hours']:.3f}; "
+        f"wall time on {tot['devices']} device(s): {seconds_text(tot['wall_seconds'])}",
+        "(predictions: docs/scale.md gives the measured error of each)",
+    ]
     return "\n".join(lines)

@@ -3,10 +3,10 @@ weights, optimizer state, activations and buffers; the bytes it writes; its FLOP
 :mod:`zgcore.evaluation.flops`, the one count); and its kind of work (``train`` | ``forward`` |
 ``io``), which the plan (:mod:`zgcore.evaluation.plan`) turns into seconds on a device.
 
-Every task family the registered workflows build has one cost function in :data:`FAMILIES`
-(``tests/test_plan.py`` walks every workflow's tiny graph and fails on a family without one).
-A task is described by its family, its Luigi parameters as plain JSON and a :class:`Context`
-(the teacher's :class:`~zgcore.evaluation.plan_shape.ModelShape`, the corpus's sequences).
+Training tasks' costs are in :mod:`zgcore.evaluation.plan_training`; the table of every task
+family and its cost function is :data:`zgcore.evaluation.plan.FAMILIES`. A task is described by its
+family, its Luigi parameters as plain JSON and a :class:`Context` (the teacher's
+:class:`~zgcore.evaluation.plan_shape.ModelShape`, the corpus's sequences).
 
 The model of memory. Training keeps the weights in float32 (4 bytes a parameter), their gradients
 (4), AdamW's two moments (8) and a copy of the initial weights (4, a buffer). Activations kept for
@@ -15,6 +15,7 @@ autocast on CUDA keeps about :data:`AUTOCAST_ACT` of that); a forward without gr
 layer's working set, ``FWD_D x d + FWD_I x I`` floats per token, plus the captured boundaries. Every
 process starts from :data:`BASE_HOST` resident bytes (Python, torch, transformers, Luigi, h5py).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,7 +50,9 @@ def element_bytes(boundary: Mapping[str, Any]) -> float:
         KeyError: a codec without an entry in :data:`CODECS`."""
     codec = str(boundary.get("codec", "none") or "none")
     if codec not in CODECS:
-        raise KeyError(f"boundary.codec {codec!r} has no bytes-per-element entry in zgcore.evaluation.plan_costs.CODECS")
+        raise KeyError(
+            f"boundary.codec {codec!r} has no bytes-per-element entry in zgcore.evaluation.plan_costs.CODECS"
+        )
     return CODECS[codec](str(boundary.get("dtype", "float32")))
 
 
@@ -106,7 +109,9 @@ def prepare_teacher(p: Mapping[str, Any], ctx: Context) -> Cost:
     cfg = ctx.teacher.config
     on_disk = ctx.teacher.total() * DTYPE_BYTES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), 4)
     c = Cost("io", bytes_written=weights + SMALL_FILE, memory={"weights": 2 * weights})
-    c.read = 0 if built else int(on_disk * READ_BPS / HASH_BPS)  # hashing is the slower reader: seconds_on divides by READ_BPS
+    c.read = (
+        0 if built else int(on_disk * READ_BPS / HASH_BPS)
+    )  # hashing is the slower reader: seconds_on divides by READ_BPS
     return c
 
 
@@ -133,8 +138,13 @@ def shard_file_bytes(m: int, seq_len: int, width: float, boundary: Mapping[str, 
     """Bytes of one boundary's HDF5 file in a shard of ``m`` sequences: the stored elements at
     :func:`element_bytes`, one uint64 xxh3 per sequence, ``stats_rows x 2 x width`` float64 sums
     of squares and the file's own overhead."""
-    return int(math.ceil(m * seq_len * width * element_bytes(boundary))) + 8 * m + 16 * stats_rows * int(width) \
-        + H5_FILE_OVERHEAD + (H5_CHUNKED_OVERHEAD if stats_rows else 0)
+    return (
+        int(math.ceil(m * seq_len * width * element_bytes(boundary)))
+        + 8 * m
+        + 16 * stats_rows * int(width)
+        + H5_FILE_OVERHEAD
+        + (H5_CHUNKED_OVERHEAD if stats_rows else 0)
+    )
 
 
 def _boundaries(boundary: Mapping[str, Any], n_layers: int) -> list[int]:
@@ -157,9 +167,14 @@ def boundary_shard(p: Mapping[str, Any], ctx: Context) -> Cost:
     batch = int(b["batch_size"]) * T
     act = batch * (FWD_D * t.width + FWD_I * t.intermediate) * 4 * _act_scale(ctx)
     captured = batch * t.width * 4 * len(bs) * 2  # float32 boundaries and their stored copies
-    return Cost("forward", flops=flops.cache_build_flops(t.flops_par(), m, T, max(bs)), bytes_written=written,
-                read=weights, memory={"weights": weights, "activations": int(act), "buffers": int(captured) + m * T * 4},
-                host_extra=int(captured) + m * T * 4)
+    return Cost(
+        "forward",
+        flops=flops.cache_build_flops(t.flops_par(), m, T, max(bs)),
+        bytes_written=written,
+        read=weights,
+        memory={"weights": weights, "activations": int(act), "buffers": int(captured) + m * T * 4},
+        host_extra=int(captured) + m * T * 4,
+    )
 
 
 def logit_shard(p: Mapping[str, Any], ctx: Context) -> Cost:
@@ -169,64 +184,26 @@ def logit_shard(p: Mapping[str, Any], ctx: Context) -> Cost:
     weights = 4 * t.total()
     batch = int(p["boundary"]["batch_size"]) * T
     logits = batch * t.vocab * 4 * 3
-    return Cost("forward", flops=flops.forward_flops(t.flops_par(), m * T, T),
-                bytes_written=m * T * 4 * (2 * k + 1) + 8 * m + H5_FILE_OVERHEAD + 2 * SMALL_FILE, read=weights,
-                memory={"weights": weights, "activations": int(batch * FWD_D * t.width * 4) + logits,
-                        "buffers": m * T * 4})
+    return Cost(
+        "forward",
+        flops=flops.forward_flops(t.flops_par(), m * T, T),
+        bytes_written=m * T * 4 * (2 * k + 1) + 8 * m + H5_FILE_OVERHEAD + 2 * SMALL_FILE,
+        read=weights,
+        memory={"weights": weights, "activations": int(batch * FWD_D * t.width * 4) + logits, "buffers": m * T * 4},
+    )
 
 
 def join(p: Mapping[str, Any], ctx: Context) -> Cost:
     """TeacherBoundary / TeacherLogitStore: a manifest and per-boundary RMS statistics."""
     bs = _boundaries(p["boundary"], ctx.teacher.n_layers)
-    shards = math.ceil(ctx.n_train / int(p["boundary"]["shard_sequences"])) + \
-        math.ceil(ctx.n_val / int(p["boundary"]["shard_sequences"]))
-    return Cost("io", bytes_written=len(bs) * (8 * ctx.teacher.width + 128) + 600 * shards * len(bs) + SMALL_FILE,
-                memory={"buffers": 16 * ctx.teacher.width * 2048})
-
-
-def total_steps(n_train: int, t: Mapping[str, Any]) -> int:
-    """A block's optimizer steps, as :func:`zgcore.training.blocks.total_steps` counts them (a test
-    holds the two equal; this one imports no torch)."""
-    if int(t.get("max_steps") or 0):
-        return int(t["max_steps"])
-    per_epoch = (n_train + int(t["batch_size"]) - 1) // int(t["batch_size"])
-    return max(1, math.ceil(float(t["epochs"]) * per_epoch))
-
-
-def _training_memory(params: int, tokens_per_step: int, layers: int, shape: ModelShape, ctx: Context) -> dict[str, int]:
-    act = tokens_per_step * layers * (ACT_D * shape.width + ACT_I * shape.intermediate) * 4 * _act_scale(ctx)
-    return {"weights": 4 * params, "optimizer": 12 * params, "activations": int(act)}
-
-
-def train_block(p: Mapping[str, Any], ctx: Context) -> Cost:
-    """TrainBlock: one block's steps, reading ``batch_size`` input and target boundaries a step."""
-    from zgcore.models.shapes import n_kept
-
-    t, tr, T = ctx.teacher, p["train"], int(p["corpus"]["seq_len"])
-    bs = _boundaries(p["boundary"], t.n_layers)
-    start, end = bs[int(p["block"])], bs[int(p["block"]) + 1]
-    n = n_kept(start, end, tr)
-    stu = student_shape(t, n, tr.get("intermediate_size"), tr.get("kv_heads"))
-    steps, batch = total_steps(ctx.n_train, tr), int(tr["batch_size"])
-    P = sum(stu.layers)
-    mem = _training_memory(P, batch * T, n, stu, ctx)
-    ahead = int(tr.get("prefetch") or 0) + 1
-    step_bytes = int(2 * batch * T * t.width * 4)  # input and target, float32
-    mem["buffers"] = 4 * P + ahead * step_bytes * (2 if ctx.accelerator else 1) + 3 * step_bytes
-    read = steps * int(2 * batch * T * t.width * element_bytes(p["boundary"]))
-    work = flops.block_train_flops(list(stu.layers), t.width, T, steps, batch)
-    wbytes = DTYPE_BYTES[str(p["boundary"].get("teacher_dtype", "float32"))]
-    if tr["targets"] == "online":
-        mem["weights"] += wbytes * (sum(t.layers[:end]) + t.embed)
-        work += steps * batch * T * flops.layers_forward(t.layers[:end], T, t.width)
-    if tr.get("objective") == "attention_transfer":
-        mem["weights"] += 4 * sum(t.layers[start:end])
-    if float(tr.get("ce_weight") or 0) or float(tr.get("mtp_weight") or 0):
-        mem["weights"] += 4 * (t.embed + t.head + t.width)
-        mem["activations"] += batch * T * t.vocab * 4 * 3
-    # block and init weights, the final train state (weights and AdamW's moments), the loss log, the metrics
-    return Cost("train", flops=work, bytes_written=20 * P + 16 * 1024 + 2 * SMALL_FILE + 40 * steps, read=read,
-                scratch=20 * P, memory=mem, host_extra=ahead * step_bytes * 2)
+    shards = math.ceil(ctx.n_train / int(p["boundary"]["shard_sequences"])) + math.ceil(
+        ctx.n_val / int(p["boundary"]["shard_sequences"])
+    )
+    return Cost(
+        "io",
+        bytes_written=len(bs) * (8 * ctx.teacher.width + 128) + 600 * shards * len(bs) + SMALL_FILE,
+        memory={"buffers": 16 * ctx.teacher.width * 2048},
+    )
 
 
 def _student_layers(p: Mapping[str, Any], ctx: Context) -> int:
@@ -254,8 +231,14 @@ def _score(shape: ModelShape, p: Mapping[str, Any], ctx: Context, rows: int, pas
     w = 4 * shape.total()
     batch = int(ev.get("batch_size", 8)) * T
     act = batch * (FWD_D * shape.width + FWD_I * shape.intermediate) * 4 * _act_scale(ctx) + batch * shape.vocab * 4 * 3
-    return Cost("forward", flops=work, bytes_written=rows * 40 + SMALL_FILE * 3, read=w,
-                memory={"weights": w, "activations": int(act), "buffers": rows * T * 4}, host_extra=rows * T * 4)
+    return Cost(
+        "forward",
+        flops=work,
+        bytes_written=rows * 40 + SMALL_FILE * 3,
+        read=w,
+        memory={"weights": w, "activations": int(act), "buffers": rows * T * 4},
+        host_extra=rows * T * 4,
+    )
 
 
 def _eval_rows(p: Mapping[str, Any], ctx: Context) -> int:
@@ -285,8 +268,12 @@ def score_block(p: Mapping[str, Any], ctx: Context) -> Cost:
     s, e = bs[int(p["block"])], bs[int(p["block"]) + 1]
     n = n_kept(s, e, p["train"])
     stu = student_shape(t, n)
-    return Cost("forward", flops=ctx.n_val * T * flops.layers_forward(list(stu.layers), T, t.width),
-                bytes_written=SMALL_FILE, memory={"weights": 4 * sum(stu.layers)})
+    return Cost(
+        "forward",
+        flops=ctx.n_val * T * flops.layers_forward(list(stu.layers), T, t.width),
+        bytes_written=SMALL_FILE,
+        memory={"weights": 4 * sum(stu.layers)},
+    )
 
 
 def boundary_shift(p: Mapping[str, Any], ctx: Context) -> Cost:
@@ -296,80 +283,25 @@ def boundary_shift(p: Mapping[str, Any], ctx: Context) -> Cost:
     rows = min(int((p.get("eval") or {}).get("context_sequences") or 4), ctx.n_val)
     bs = _boundaries(p["boundary"], t.n_layers)
     stu = student_shape(t, _student_layers(p, ctx))
-    work = rows * T * (flops.layers_forward(t.layers[: bs[-1]], T, t.width)
-                       + 5 * flops.layers_forward(list(stu.layers), T, t.width))
+    work = (
+        rows
+        * T
+        * (
+            flops.layers_forward(t.layers[: bs[-1]], T, t.width)
+            + 5 * flops.layers_forward(list(stu.layers), T, t.width)
+        )
+    )
     w = 4 * (t.total() + stu.total())
     act = rows * T * (FWD_D * t.width + FWD_I * t.intermediate) * 4 * _act_scale(ctx) + rows * T * t.width * 4 * len(bs)
-    return Cost("forward", flops=int(work), bytes_written=SMALL_FILE * 4, read=w,
-                memory={"weights": w, "activations": int(act), "buffers": rows * T * 4})
-
-
-def heal(p: Mapping[str, Any], ctx: Context) -> Cost:
-    """Heal / DistillE2E: end-to-end logit distillation of a whole student, the teacher online or from a store."""
-    h = p.get("heal") or p.get("distill") or {}
-    t, T = ctx.teacher, int(p["corpus"]["seq_len"])
-    n = _student_layers(p, ctx) if "blocks" in p and "boundary" in p else t.n_layers
-    stu = student_shape(t, n)
-    steps, batch = int(h.get("steps") or 1), int(h.get("batch_size", 4))
-    cached = h.get("targets") == "cached"
-    work = flops.heal_flops(T, t.flops_par(), stu.flops_par(), steps, batch, 0 if cached else None)["total"]
-    mem = _training_memory(stu.total(), batch * T, n, stu, ctx)
-    mem["activations"] += batch * T * t.vocab * 4 * 4
-    if not cached:
-        mem["weights"] += 4 * t.total()
-    return Cost("train", flops=work, bytes_written=4 * stu.total() + 2 * 2**20, scratch=16 * stu.total(), memory=mem)
-
-
-def _local_shape(p: Mapping[str, Any], ctx: Context) -> ModelShape:
-    from zgcore.evaluation.plan_shape import shape_of
-
-    m = p["setup"]["model"]
-    vocab = str(m.get("vocab", "compact"))
-    v = int(vocab.split(":")[1]) + 1 if vocab.startswith("top:") else ctx.teacher.vocab
-    return shape_of({"model_type": "llama", "hidden_size": m["hidden_size"], "intermediate_size": m["intermediate_size"],
-                     "num_hidden_layers": m["n_layers"], "num_attention_heads": m["n_heads"],
-                     "num_key_value_heads": m["n_kv_heads"], "vocab_size": v, "tie_word_embeddings": False})
-
-
-def pretrain_local(p: Mapping[str, Any], ctx: Context) -> Cost:
-    """PretrainLocal: a small Llama trained from scratch over ``train.token_budget`` tokens."""
-    s, T = _local_shape(p, ctx), int(p["corpus"]["seq_len"])
-    tr = p["setup"]["train"]
-    tokens, batch = int(tr["token_budget"]), int(tr["batch_size"])
-    work = 3 * flops.forward_flops(s.flops_par(), tokens, T)
-    mem = _training_memory(s.total(), batch * T, s.n_layers, s, ctx)
-    mem["activations"] += batch * T * s.vocab * 4 * 3
-    return Cost("train", flops=work, bytes_written=4 * s.total() + SMALL_FILE * 4, scratch=16 * s.total(), memory=mem)
-
-
-def evaluate_local(p: Mapping[str, Any], ctx: Context) -> Cost:
-    """EvaluateLocal: a local-learning model's forward over the validation rows."""
-    return _score(_local_shape(p, ctx), {**p, "eval": {}}, ctx, ctx.n_val)
+    return Cost(
+        "forward",
+        flops=int(work),
+        bytes_written=SMALL_FILE * 4,
+        read=w,
+        memory={"weights": w, "activations": int(act), "buffers": rows * T * 4},
+    )
 
 
 def report(p: Mapping[str, Any], ctx: Context) -> Cost:
     """A report or a choice over other tasks' JSON (Evaluate, the studies' reports, SelectBudget)."""
     return Cost("io", bytes_written=64 * 1024, memory={"buffers": 8 * 2**20})
-
-
-FAMILIES: dict[str, Callable[[Mapping[str, Any], Context], Cost]] = {
-    "PrepareTeacher": prepare_teacher, "PrepareCorpus": prepare_corpus, "PrepareHeldOut": prepare_heldout,
-    "BoundaryShard": boundary_shard, "TeacherLogits": logit_shard, "TeacherBoundary": join,
-    "TeacherLogitStore": join, "TrainBlock": train_block, "ScoreBlock": score_block, "Assemble": assemble,
-    "AssembleExact": assemble, "ScoreTeacher": score_teacher, "LayerImportance": score_teacher,
-    "ScoreUntrained": score_student, "ScoreAssembled": score_student, "ScoreStudent": score_student,
-    "ScoreCandidate": score_student, "EvaluateStudent": score_student, "BoundaryShift": boundary_shift,
-    "Heal": heal, "DistillE2E": heal, "PretrainLocal": pretrain_local, "EvaluateLocal": evaluate_local,
-    **dict.fromkeys(("Evaluate", "SeedSummary", "ObjectiveStudyReport", "DistillStudyReport", "DistillSeedsReport",
-                     "LibraryReport", "LocalStudyReport", "ChooseLocalLR", "SelectBudget"), report),
-}
-
-
-def task_cost(family: str, params: Mapping[str, Any], ctx: Context) -> Cost:
-    """The :class:`Cost` of one task of ``family`` with Luigi parameters ``params``.
-
-    Raises:
-        KeyError: a family without a cost function in :data:`FAMILIES` (naming it)."""
-    if family not in FAMILIES:
-        raise KeyError(f"task family {family!r} has no cost model in zgcore.evaluation.plan_costs.FAMILIES")
-    return FAMILIES[family](params, ctx)

@@ -10,6 +10,7 @@ its biases where the family has them (Qwen2, ``attention_bias``), per-head q/k n
 OLMo-2), the gated MLP ``3 d I`` (GPT-2: ``2 d I`` plus biases), and the layer's norms. The result
 is what :mod:`zgcore.evaluation.flops` takes: ``{"layers": [P per layer], "head": V d, "width": d}``.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -51,8 +53,11 @@ class ModelShape:
     def flops_par(self, layers: int | None = None) -> dict[str, Any]:
         """``{"layers", "head", "width"}`` of the first ``layers`` decoder layers (all: None), as
         :func:`zgcore.evaluation.flops.model_parameters` gives them for a built model."""
-        return {"layers": list(self.layers[: layers if layers is not None else len(self.layers)]),
-                "head": self.head, "width": self.width}
+        return {
+            "layers": list(self.layers[: layers if layers is not None else len(self.layers)]),
+            "head": self.head,
+            "width": self.width,
+        }
 
     def total(self) -> int:
         """Every parameter of the whole model (layers, embedding, untied head, final norm)."""
@@ -95,14 +100,37 @@ def shape_of(cfg: Mapping[str, Any]) -> ModelShape:
     mt = c.get("model_type", "llama")
     if mt == "gpt2":
         d, n, v = int(c["n_embd"]), int(c["n_layer"]), int(c["vocab_size"])
-        return ModelShape(mt, d, int(c.get("n_inner") or 4 * d), int(c["n_head"]), int(c["n_head"]),
-                          d // int(c["n_head"]), v, (layer_parameters(c),) * n, v * d + int(c["n_positions"]) * d,
-                          False, 2 * d, dict(c))
+        return ModelShape(
+            mt,
+            d,
+            int(c.get("n_inner") or 4 * d),
+            int(c["n_head"]),
+            int(c["n_head"]),
+            d // int(c["n_head"]),
+            v,
+            (layer_parameters(c),) * n,
+            v * d + int(c["n_positions"]) * d,
+            False,
+            2 * d,
+            dict(c),
+        )
     d, h = int(c["hidden_size"]), int(c["num_attention_heads"])
     n, v = int(c["num_hidden_layers"]), int(c["vocab_size"])
     untied = not bool(c.get("tie_word_embeddings", mt not in ("llama", "mistral", "qwen2", "qwen3", "olmo2", "phi3")))
-    return ModelShape(mt, d, int(c["intermediate_size"]), h, int(c.get("num_key_value_heads") or h),
-                      int(c.get("head_dim") or d // h), v, (layer_parameters(c),) * n, v * d, untied, d, dict(c))
+    return ModelShape(
+        mt,
+        d,
+        int(c["intermediate_size"]),
+        h,
+        int(c.get("num_key_value_heads") or h),
+        int(c.get("head_dim") or d // h),
+        v,
+        (layer_parameters(c),) * n,
+        v * d,
+        untied,
+        d,
+        dict(c),
+    )
 
 
 def read_config(spec: str) -> dict[str, Any]:
@@ -134,8 +162,9 @@ def read_config(spec: str) -> dict[str, Any]:
     raise FileNotFoundError(f"teacher {spec!r}: no local config.json to plan from (the plan does not download)")
 
 
-def student_shape(teacher: ModelShape, n_layers: int, intermediate: int | None = None,
-                  kv_heads: int | None = None) -> ModelShape:
+def student_shape(
+    teacher: ModelShape, n_layers: int, intermediate: int | None = None, kv_heads: int | None = None
+) -> ModelShape:
     """A student of ``n_layers`` decoder layers of ``teacher``'s family (MLP width
     ``intermediate`` and ``kv_heads`` when given), with the teacher's embedding and head."""
     p = layer_parameters(teacher.config, intermediate, kv_heads) if teacher.config else teacher.layers[0]
