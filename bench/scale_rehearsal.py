@@ -12,6 +12,7 @@ least 1 MiB). Tolerances: RSS within 15%, bytes within 2%, seconds within 25%.
 
     python bench/scale_rehearsal.py                               # both models, both dtypes
     python bench/scale_rehearsal.py --models Llama-3.2-1B --dtypes float32 --sequences 64 --steps 10
+    python bench/scale_rehearsal.py --device cuda                 # the graph on a GPU (host RSS measured; device memory not yet)
 
 Heavy: a 1B teacher in float32 is 5 GB, its cache build a few TFLOP. Run it nice'd on a shared machine.
 """
@@ -53,10 +54,10 @@ def make_teacher(name: str, folder: Path) -> Path:
     return folder
 
 
-def settings(teacher: Path, dtype: str, sequences: int, seq_len: int, steps: int, blocks: int) -> str:
+def settings(teacher: Path, dtype: str, sequences: int, seq_len: int, steps: int, blocks: int, dev: str = "cpu") -> str:
     """The ``--set`` string of one rehearsal run."""
     return (
-        f"teacher={teacher} corpus.seq_len={seq_len} corpus.max_tokens={sequences * seq_len} "
+        f"teacher={teacher} device={dev} corpus.seq_len={seq_len} corpus.max_tokens={sequences * seq_len} "
         f"boundary.num_blocks={blocks} boundary.dtype={dtype} boundary.batch_size=8 train.max_steps={steps} "
         f"train.batch_size=2 train.warmup_steps=2 train.checkpoint_every=1000 train.tensorboard=false "
         f"eval.context_sequences=0 eval.extra=[] eval.batch_size=4"
@@ -99,8 +100,8 @@ def rehearse(name: str, dtype: str, args, rows: list[dict]) -> list[dict]:
     teacher = work / "teachers" / name
     if not teacher.is_dir():  # in a process of its own: its 5-6 GB go back when it ends
         subprocess.run([sys.executable, __file__, "--make-teacher", name, "--work", args.work], check=True, cwd=ROOT)
-    over, out = settings(teacher, dtype, args.sequences, args.seq_len, args.steps, args.blocks), str(work / "outputs")
-    dev = device("cpu")
+    over = settings(teacher, dtype, args.sequences, args.seq_len, args.steps, args.blocks, args.device)
+    out, dev = str(work / "outputs"), device(args.device)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ZG_PREFLIGHT": "0"}
     done_before = set()
     while True:
@@ -172,6 +173,7 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--blocks", type=int, default=4, help="boundary.num_blocks (K)")
     ap.add_argument("--work", default="/tmp/zg-scale-rehearsal")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda: the graph's device, probed for the predictions")
     ap.add_argument("--json", default="", help="write every row here")
     ap.add_argument("--run-one", default="", help=argparse.SUPPRESS)
     ap.add_argument("--set", default="", help=argparse.SUPPRESS)
