@@ -163,7 +163,9 @@ def boundary_shard(p: Mapping[str, Any], ctx: Context) -> Cost:
     stats = max(0, min(m, STATS_SEQUENCES - lo)) if p["split"] == "train" else 0
     written = len(bs) * shard_file_bytes(m, T, t.width, b, stats) + 2 * SMALL_FILE
     wbytes = DTYPE_BYTES[str(b.get("teacher_dtype", "float32"))]
-    weights = wbytes * (sum(t.layers[: max(bs)]) + t.embed)
+    # the embedding's resident rows: those the corpus's tokens look up (the weights are memory-mapped; no LM head runs)
+    rows = min(t.vocab, (ctx.n_train + ctx.n_val) * T)
+    weights = wbytes * (sum(t.layers[: max(bs)]) + (t.embed if t.model_type == "gpt2" else rows * t.width))
     batch = int(b["batch_size"]) * T
     act = batch * (FWD_D * t.width + FWD_I * t.intermediate) * 4 * _act_scale(ctx)
     captured = batch * t.width * 4 * len(bs) * 2  # float32 boundaries and their stored copies
