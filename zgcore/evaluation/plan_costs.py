@@ -204,7 +204,8 @@ def join(p: Mapping[str, Any], ctx: Context) -> Cost:
     return Cost(
         "io",
         bytes_written=len(bs) * (8 * ctx.teacher.width + 128) + 600 * shards * len(bs) + SMALL_FILE,
-        memory={"buffers": 16 * ctx.teacher.width * 2048},
+        # the statistics rows it reads: 64 sequences' float64 sums of squares ([2, width]) per boundary
+        memory={"buffers": len(bs) * 64 * 16 * ctx.teacher.width},
     )
 
 
