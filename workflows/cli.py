@@ -225,6 +225,54 @@ def clean(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Preset
                    f"{shlex.quote(outputs)} --yes")
 
 
+@app.command()
+def plan(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
+         workflow: Optional[str] = WorkflowOpt,
+         tokens: Optional[int] = typer.Option(None, "--tokens", help="corpus tokens to plan for (default: the corpus's own)"),
+         device: str = typer.Option("cpu", "--device", help="h100 | h200 | a100 (datasheet peaks) | cpu | cuda (this "
+                                    "machine, probed now)"),
+         devices: int = typer.Option(1, "--devices", help="devices the graph's tasks share (shards and blocks in parallel)"),
+         mfu: Optional[float] = typer.Option(None, "--mfu", help="the share of the peak every phase runs at (default: "
+                                             "zgcore/evaluation/accelerators.py)"),
+         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON (tasks, totals)")):
+    """Predict each task of the preset's workflow before it runs: peak host and device memory
+    (weights, optimizer state, activations, buffers), bytes written, FLOPs and seconds on --device
+    at a stated MFU; and the totals (store size, the peak of any task, device-hours, wall time on
+    --devices). Reads the teacher's config.json only: no weight file is opened. Exits 0; 2 on a
+    configuration error."""
+    import json
+
+    from zgcore.config.experiment import ConfigError
+    from zgcore.models.teacher import config_only
+
+    from .plan import make_plan, plan_record
+
+    with config_only():
+        roots = root_tasks(config, set, preset, outputs, workflow)
+
+    def build():
+        if devices < 1 or tokens is not None and tokens < 1:
+            raise ConfigError("--devices and --tokens must be at least 1")
+        from zgcore.evaluation.accelerators import device as named
+
+        try:
+            dev = named(device, mfu)
+        except KeyError as e:
+            raise ConfigError(f"--device: {e.args[0]}") from None
+        try:
+            return make_plan(roots, tokens, dev, devices)
+        except FileNotFoundError as e:
+            raise ConfigError(str(e)) from None
+
+    p = or_exit(build)
+    if as_json:
+        typer.echo(json.dumps(plan_record(p), indent=1))
+        return
+    from zgcore.evaluation.plan import table
+
+    typer.echo(table(p["tasks"], p["totals"], p["device"], p["accelerator"]))
+
+
 from .slurm import app as slurm_app  # noqa: E402
 
 app.add_typer(slurm_app, name="slurm")

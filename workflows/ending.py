@@ -18,6 +18,8 @@ up at call time) for workflows of this package only:
 * SIGTERM (how Slurm pre-empts or cancels a job, and ``kill``'s default) ends the run the same way:
   the task stops where it is, its checkpoints stay in ``<folder>.partial``, :data:`TERMINATED` is
   printed and the command exits :data:`TERMINATED_EXIT` (128 + SIGTERM); the same command resumes;
+* before any task runs, the pre-flight (:func:`check_plan`): the plan's disk and memory needs against
+  what is free; a task that cannot fit ends the command with one line and exit :data:`PREFLIGHT_EXIT`;
 * without ``--local-scheduler``, a scheduler (luigid) that does not answer within
   :data:`SCHEDULER_TIMEOUT_S` ends the command at once with one line naming both fixes, exit
   :data:`NO_SCHEDULER_EXIT`, instead of Luigi's minute of retries and a traceback.
@@ -43,6 +45,7 @@ TERMINATED = "terminated (SIGTERM); rerun the same command to resume from the la
 TERMINATED_EXIT = 143
 NO_SCHEDULER_EXIT = 2  # as a configuration error: nothing ran
 SCHEDULER_TIMEOUT_S = 3.0
+PREFLIGHT_EXIT = 2  # as a configuration error: nothing ran
 _MAIN_PID = os.getpid()
 
 
@@ -84,6 +87,31 @@ def scheduler_problem(cmdline_args) -> str | None:
         return (f"error: no Luigi scheduler answers at {url} ({e.strerror or e}): add --local-scheduler to run on this "
                 "machine alone, or start luigid (`luigid --background`) or set [core] default-scheduler-url in "
                 "luigi.cfg to one that runs (nothing ran)")
+
+
+def check_plan(cmdline_args) -> None:
+    """The pre-flight (:func:`workflows.plan.preflight`) of the workflow on the command line, before
+    any task runs: on a task that cannot fit, one ``error:`` line and exit :data:`PREFLIGHT_EXIT`.
+    ``ZG_PREFLIGHT=0`` skips it; a graph the plan cannot read is run unchecked, with one line saying why."""
+    from luigi.cmdline_parser import CmdlineParser
+
+    from .experiment import ConfiguredWorkflow
+    from .plan import PREFLIGHT_ENV, preflight
+
+    if os.environ.get(PREFLIGHT_ENV, "1") == "0":
+        return
+    with CmdlineParser.global_instance(list(cmdline_args)) as cp:
+        root = cp.get_task_obj()
+        if not isinstance(root, ConfiguredWorkflow):
+            return
+        try:
+            problem = preflight(root)
+        except Exception as e:  # noqa: BLE001 (a plan that cannot be made never stops a run)
+            print(f"pre-flight skipped ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+            return
+    if problem:
+        print(f"error: {problem} (nothing ran; {PREFLIGHT_ENV}=0 skips this check)", file=sys.stderr, flush=True)
+        sys.exit(PREFLIGHT_EXIT)
 
 
 def report_path(root: luigi.Task) -> Path | None:
@@ -141,6 +169,7 @@ def install() -> None:
         if problem:
             print(problem, file=sys.stderr, flush=True)
             sys.exit(NO_SCHEDULER_EXIT)
+        check_plan(sys.argv[1:] if argv is None else argv)
         signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             result = original(*args, **kwargs)

@@ -97,6 +97,16 @@ def _resolve(workflow: str, config: str, set_: str, preset: Optional[str], outpu
     return set_, wf, experiment_id(workflow, wf)
 
 
+def _sized(wf, workers: int, mem: Optional[str], time_limit: Optional[str]) -> tuple[str, str]:
+    """``--mem`` and ``--time`` as given, else sized by the plan (:func:`workflows.plan.slurm_requests`)."""
+    if mem and time_limit:
+        return mem, time_limit
+    from .plan import slurm_requests
+
+    r = slurm_requests(wf, workers)
+    return mem or r["mem"], time_limit or r["time"]
+
+
 @app.command()
 def launch(workflow: str = WorkflowArg,
            workers: int = typer.Option(2, "--workers", "-n", min=1, help="worker jobs (one job array)"),
@@ -106,9 +116,11 @@ def launch(workflow: str = WorkflowArg,
            tasks_per_worker: int = typer.Option(1, "--tasks-per-worker", min=1,
                                                 help="Slurm tasks per job (--ntasks): K for a pipelined local-learning "
                                                      "run (train.execution=pipeline), whose K stages run as one srun"),
-           mem: Optional[str] = typer.Option(None, "--mem", help="memory per job, e.g. 32G (--mem)"),
+           mem: Optional[str] = typer.Option(None, "--mem", help="memory per job, e.g. 32G (--mem; default: "
+                                                       "the plan's largest task and a quarter more)"),
            partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition (default: the cluster's)"),
-           time_limit: Optional[str] = typer.Option(None, "--time", help="time limit per job, e.g. 04:00:00"),
+           time_limit: Optional[str] = typer.Option(None, "--time", help="time limit per job, e.g. 04:00:00 "
+                                                                    "(default: twice the plan's wall time)"),
            config: str = ConfigOpt, set: list[str] = SetOpt, preset: Optional[str] = PresetOpt, outputs: str = OutputsOpt,
            detach: bool = typer.Option(False, "--detach", help="return once the jobs are submitted"),
            sbatch_args: str = typer.Option("", "--sbatch", help='more sbatch options, e.g. "--account=abc --qos=high"'),
@@ -127,12 +139,14 @@ def launch(workflow: str = WorkflowArg,
     (rerun the same command: only what is missing runs), 2 on bad input (nothing submitted)."""
     if dry_run:  # the job script, with placeholders where only a running cluster can answer
         set_, wf, exp = _resolve(workflow, config, set, preset, outputs, gpus_per_worker)
+        mem, time_limit = _sized(wf, workers, mem, time_limit)
         typer.echo(_dry_run(workflow, exp, experiment_options(config, set_, preset, outputs), workers, gpus_per_worker,
                             cpus_per_worker, partition, time_limit, mem, outputs, shlex.split(sbatch_args),
                             scheduler_host, scheduler_port, tasks_per_worker))
         return
     _check_tools()
     set_, wf, exp = _resolve(workflow, config, set, preset, outputs, gpus_per_worker)
+    mem, time_limit = _sized(wf, workers, mem, time_limit)
     sched_host = _scheduler_host(partition, outputs, scheduler_host)
     folder, extra = Path(outputs) / "slurm" / exp, shlex.split(sbatch_args)
     options = experiment_options(config, set_, preset, outputs)

@@ -10,6 +10,8 @@ A teacher spec is one string:
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import subprocess
@@ -85,6 +87,20 @@ def _cache_root(outputs: Path) -> Path:
     return Path(outputs) / "teachers"
 
 
+_CONFIG_ONLY = contextvars.ContextVar("zg_teacher_config_only", default=False)
+
+
+@contextlib.contextmanager
+def config_only():
+    """Within it, :func:`describe` reads a local teacher folder's ``config.json`` only and does not
+    ask for its weights or tokenizer (a plan, :mod:`zgcore.evaluation.plan`, needs shapes alone)."""
+    token = _CONFIG_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _CONFIG_ONLY.reset(token)
+
+
 def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
     """Check a teacher spec cheaply (config only, no weights) and return its :class:`TeacherInfo`.
 
@@ -103,7 +119,7 @@ def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
         raise ConfigError(f"teacher {spec!r} has architecture {model_type!r}; supported: {', '.join(SUPPORTED_FAMILIES)} "
                           "(decoder-only causal LMs: Llama 1-3, Mistral, Qwen2/3, Gemma 2/3, Phi-3, OLMo-2, Granite, GPT-2)")
     folder = Path(os.path.expanduser(spec))
-    if folder.is_dir():
+    if folder.is_dir() and not _CONFIG_ONLY.get():
         check_folder(folder)  # weights and tokenizer are there: PrepareCorpus and TeacherBoundary need both
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
     max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions")
