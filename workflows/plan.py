@@ -303,3 +303,11 @@ def slurm_requests(root, workers: int) -> dict[str, str]:
     mem = max(1, -(-int(p["totals"]["peak_host_bytes"] * 1.25) // 2**30))
     secs = max(600, int(2 * p["totals"]["wall_seconds"]))
     return {"mem": f"{mem}G", "time": f"{secs // 3600:02d}:{secs % 3600 // 60:02d}:{secs % 60:02d}"}
+
+
+def slurm_sizes(root, workers: int, mem: str | None, time_limit: str | None) -> tuple[str, str]:
+    """``--mem`` and ``--time`` as given, else sized by the plan of ``root``'s graph (:func:`slurm_requests`)."""
+    if mem and time_limit:
+        return mem, time_limit
+    r = slurm_requests(root, workers)
+    return mem or r["mem"], time_limit or r["time"]

@@ -38,7 +38,7 @@ from typing import Any, Optional
 import typer
 import typer.core
 
-from . import registry
+from . import plan, registry
 from .slurm_cluster import (ACTIVE, ROOT, SLURM_TOOLS, UsageError, job_states, local_folder_reason, luigi_cfg_path,
                             partition_nodes, scheduler_address, short_host, start_luigid, stop_luigid, free_port,
                             worker_script, write_luigid_cfg, slurm)
@@ -97,16 +97,6 @@ def _resolve(workflow: str, config: str, set_: str, preset: Optional[str], outpu
     return set_, wf, experiment_id(workflow, wf)
 
 
-def _sized(wf, workers: int, mem: Optional[str], time_limit: Optional[str]) -> tuple[str, str]:
-    """``--mem`` and ``--time`` as given, else sized by the plan (:func:`workflows.plan.slurm_requests`)."""
-    if mem and time_limit:
-        return mem, time_limit
-    from .plan import slurm_requests
-
-    r = slurm_requests(wf, workers)
-    return mem or r["mem"], time_limit or r["time"]
-
-
 @app.command()
 def launch(workflow: str = WorkflowArg,
            workers: int = typer.Option(2, "--workers", "-n", min=1, help="worker jobs (one job array)"),
@@ -139,14 +129,14 @@ def launch(workflow: str = WorkflowArg,
     (rerun the same command: only what is missing runs), 2 on bad input (nothing submitted)."""
     if dry_run:  # the job script, with placeholders where only a running cluster can answer
         set_, wf, exp = _resolve(workflow, config, set, preset, outputs, gpus_per_worker)
-        mem, time_limit = _sized(wf, workers, mem, time_limit)
+        mem, time_limit = plan.slurm_sizes(wf, workers, mem, time_limit)
         typer.echo(_dry_run(workflow, exp, experiment_options(config, set_, preset, outputs), workers, gpus_per_worker,
                             cpus_per_worker, partition, time_limit, mem, outputs, shlex.split(sbatch_args),
                             scheduler_host, scheduler_port, tasks_per_worker))
         return
     _check_tools()
     set_, wf, exp = _resolve(workflow, config, set, preset, outputs, gpus_per_worker)
-    mem, time_limit = _sized(wf, workers, mem, time_limit)
+    mem, time_limit = plan.slurm_sizes(wf, workers, mem, time_limit)
     sched_host = _scheduler_host(partition, outputs, scheduler_host)
     folder, extra = Path(outputs) / "slurm" / exp, shlex.split(sbatch_args)
     options = experiment_options(config, set_, preset, outputs)
