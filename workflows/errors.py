@@ -4,7 +4,8 @@ Luigi's worker logs every exception a task raises with its traceback (``luigi-in
 ``logger.exception``). For the errors whose message already says what is wrong and where — bad
 input found only while reading it (:class:`zgcore.config.experiment.ConfigError`, e.g. a corpus file that
 stops being UTF-8 after its first 64 KiB) and damaged stored data (a boundary shard, the token
-store, a finished task's output: :class:`tasks.base.DamagedOutputError`) — a log filter replaces that record by the stderr line ``error: <task>: <message>`` without the traceback;
+store, a finished task's output: :class:`tasks.base.DamagedOutputError`) and a full disk or quota
+(:class:`zgcore.atomic.NoSpaceError`) — a log filter replaces that record by the stderr line ``error: <task>: <message>`` without the traceback;
 ``ZG_TRACEBACK=1`` keeps it. The task still fails (Luigi's summary and exit code are unchanged).
 """
 from __future__ import annotations
@@ -20,12 +21,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions whose message says what to fix: imported when a task failed (the library is
     loaded by then), so that importing :mod:`workflows` loads no torch."""
     from tasks.base import DamagedOutputError
+    from zgcore.atomic import NoSpaceError
     from zgcore.checks import ConfigError
     from zgcore.data.boundary_store import BoundaryStoreError
     from zgcore.data.corpus import TokenStoreError
     from zgcore.data.feed import PrefetchError
 
-    return ConfigError, BoundaryStoreError, TokenStoreError, DamagedOutputError, PrefetchError
+    return ConfigError, BoundaryStoreError, TokenStoreError, DamagedOutputError, PrefetchError, NoSpaceError
 
 
 class OneLineUserErrors(logging.Filter):

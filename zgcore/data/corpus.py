@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from zgcore.atomic import atomic_path, set_aside
-from zgcore.data import sources
+from zgcore.data import h5write, sources
 from zgcore.checks import ConfigError
 
 FORMAT_VERSION = 2  # 2: each row's document id (train_documents, val_documents)
@@ -186,7 +186,7 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
     with atomic_path(path) as tmp:
         scratch = tmp.with_name(tmp.name + ".rows")
         try:
-            with h5py.File(scratch, "w") as sf:
+            with h5write.writing(scratch) as sf:
                 rows = _Rows(sf.create_dataset("rows", (0, seq_len), np.int32, maxshape=(None, seq_len),
                                                 chunks=(max(1, min(4096, buffer // seq_len)), seq_len)),
                              seq_len, int(corpus["max_tokens"]))
@@ -218,7 +218,7 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
         meta.update({"format_version": FORMAT_VERSION, "seq_len": seq_len, "tokens": meta.pop("n_rows") * seq_len,
                      "documents": rows.documents, "tokenizer": tokenizer_name, "vocab_size": len(tokenizer),
                      "source_files": used, "skipped_files": len(skipped), "skipped": skipped})
-        with h5py.File(tmp, "r+") as f:
+        with h5write.writing(tmp, "r+") as f:
             f.attrs["meta"] = json.dumps(meta, sort_keys=True)
     write_checksum(path)  # read_tokens checks every byte against it before any value is used
     return meta
@@ -252,7 +252,7 @@ def _write_split(tmp, all_rows, corpus: Mapping[str, Any], chunk: int, documents
     train_idx, val_idx = split_indices(n, float(corpus["val_fraction"]), int(corpus["split_seed"]))
     is_val = np.zeros(n, dtype=bool)
     is_val[val_idx] = True
-    with h5py.File(tmp, "w") as f:
+    with h5write.writing(tmp) as f:
         out = {"train": f.create_dataset("train", (len(train_idx), seq_len), np.int32),
                "val": f.create_dataset("val", (len(val_idx), seq_len), np.int32)}
         at = {"train": 0, "val": 0}

@@ -30,6 +30,7 @@ from zgcore.models.adapters import capture_boundaries
 from zgcore.atomic import atomic_path, write_json
 from zgcore.hashing import file_sha256
 from zgcore.progress import progress_bar
+from ..h5write import abandon, close_all
 from .integrity import file_record, outside_sha256
 from .common import (FORMAT_VERSION, H5_DTYPES, MANIFEST, SHARD_FILE, STATS_SEQUENCES, BoundaryStoreError, check_finite,
                      planned_bytes, quarantine, rms_from_sumsq, round_trip, sequence_checksums, sequence_sumsq, system_error,
@@ -100,9 +101,10 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
         for b, f in files.items():
             if n_stats:
                 f.create_dataset("sumsq", data=torch.cat(sumsq[b]).numpy(), fletcher32=True)
-    finally:
-        for f in files.values():
-            f.close()
+    except BaseException:
+        abandon(files.values())  # a full disk: closed without writing, no crash (zgcore/data/h5write.py)
+        raise
+    close_all(files.values())  # flushed first, then closed
     rec = {"format_version": FORMAT_VERSION, "split": split, "lo": int(lo), "hi": int(lo + m),
            "boundaries": [int(b) for b in boundaries], "dtype": dtype, "seq_len": seq_len, "hidden_size": hidden,
            "batch_size": int(batch_size), "stats_rows": int(n_stats), **extra,
