@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from zgcore.hashing import canonical
 
@@ -304,6 +305,36 @@ def raise_no_space(e: BaseException, path: str | os.PathLike, tmp: Path | None =
     raise NoSpaceError(f"{what} writing {path}: it {needs}; {has}; the partial output was removed: free space "
                        f"(or give --outputs a bigger folder) and rerun the same command, it resumes "
                        f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})") from e
+
+
+@contextlib.contextmanager
+def exclusive(lock: str | os.PathLike, waiting: Callable[[], None] | None = None) -> Iterator[bool]:
+    """Hold an exclusive lock (``flock``) on the file ``lock`` (created if missing) for the block;
+    yields ``True`` when the lock is held. Another process holding it makes this wait, calling
+    ``waiting()`` once first. Where the file system offers no locks (or the file cannot be created:
+    a read-only folder) it yields ``False`` at once and nothing is held. Released when the block
+    ends, also when the process dies (the kernel drops it)."""
+    lock = Path(lock)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = True
+        except OSError:  # ENOLCK, EOPNOTSUPP: no locks on this file system
+            held = False
+        yield held
+    finally:
+        os.close(fd)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

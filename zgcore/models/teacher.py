@@ -252,11 +252,15 @@ def build_tiny(family: str, path: str | os.PathLike, seed: int = 0, **config_kw)
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    with atomic_path(path) as tmp:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(tiny_config(family, **config_kw))
-        model.save_pretrained(tmp)
-        byte_tokenizer().save_pretrained(tmp)
+    try:
+        with atomic_path(path) as tmp:
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(tiny_config(family, **config_kw))
+            model.save_pretrained(tmp)
+            byte_tokenizer().save_pretrained(tmp)
+    except FileExistsError:  # another run built it meanwhile (the same seed: the same model); keep its folder
+        if not (path / "config.json").is_file():
+            raise
     return path
 
 
