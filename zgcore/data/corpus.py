@@ -118,6 +118,11 @@ class _Rows:
         self.dset.resize(self.n_rows, axis=0)
 
 
+def val_count(n: int, val_fraction: float) -> int:
+    """How many of ``n`` rows :func:`split_indices` holds out: ``max(1, round(n * val_fraction))``."""
+    return max(1, round(n * val_fraction))
+
+
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Deterministic train/validation split of ``n`` rows by a seeded permutation:
     ``(train_idx, val_idx)``, each sorted (int64).
@@ -125,7 +130,7 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, n
     Raises:
         ConfigError: fewer than two rows, i.e. a corpus too short for ``seq_len``.
     """
-    n_val = max(1, round(n * val_fraction))
+    n_val = val_count(n, val_fraction)
     if n < 2 or n - n_val < 1:
         raise ConfigError(f"the corpus gives only {n} sequence(s) of this length: need at least 2 "
                           "(one to train, one to validate); add text or lower corpus.seq_len")
