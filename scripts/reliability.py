@@ -115,7 +115,7 @@ def one_line_outcome(r: subprocess.CompletedProcess) -> str | None:
         return f"exit {r.returncode} (a signal)"
     if "Traceback" in r.stderr or "Traceback" in r.stdout:
         return "a traceback: " + r.stderr.strip().splitlines()[-1][:200]
-    if len(errors) != 1 or not any(w in errors[0] for w in ("no space", "quota")):
+    if len(errors) != 1 or not any(w in errors[0].lower() for w in ("no space", "quota")):
         return f"{len(errors)} error line(s): {errors[:2]}"
     return None
 

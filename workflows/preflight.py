@@ -9,6 +9,7 @@ enforce later: a run that passes them does not fail on the same bound after hour
 """
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -84,5 +85,8 @@ def check_outputs(outputs: str | os.PathLike) -> None:
             os.close(fd)
             probe.unlink(missing_ok=True)
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConfigError(f"the outputs folder {p.resolve()} has no space left ({e.strerror}): free space or give "
+                              "--outputs a bigger folder") from e
         raise ConfigError(f"the outputs folder {p.resolve()} cannot be written ({e.strerror or e}): give --outputs a "
                           "folder you can write, or make this one writable") from e
