@@ -277,7 +277,7 @@ def is_no_space(e: BaseException, path: str | os.PathLike | None = None) -> bool
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def _size(p: Path | None) -> int:

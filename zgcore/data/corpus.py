@@ -266,8 +266,9 @@ def _write_split(tmp, all_rows, corpus: Mapping[str, Any], chunk: int, documents
             for name, part in (("train", block[~mask]), ("val", block[mask])):
                 out[name][at[name]: at[name] + len(part)] = part
                 at[name] += len(part)
-        f.create_dataset("train_documents", data=documents[~is_val].astype(np.int64))
-        f.create_dataset("val_documents", data=documents[is_val].astype(np.int64))
+        # kept referenced until the file closes (zgcore/data/h5write.py: a dataset dropped on a full disk crashes HDF5)
+        out["docs"] = [f.create_dataset(f"{s}_documents", data=documents[m].astype(np.int64))
+                       for s, m in (("train", ~is_val), ("val", is_val))]
         return {"fingerprint": fingerprint(out["train"], out["val"], chunk), "n_train": len(train_idx),
                 "n_val": len(val_idx), "n_rows": n}
 

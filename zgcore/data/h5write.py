@@ -15,6 +15,12 @@ flushes succeeded does it close them. A file whose write or flush failed is aban
 (:func:`abandon`): its descriptor is pointed (``dup2``) at an anonymous in-memory file
 (``memfd_create``), so that whatever HDF5 still writes while closing succeeds and goes nowhere, and
 then it is closed; the caller removes the partial file (it lives under a temporary name).
+
+A writer also keeps every dataset it creates referenced until the file is closed: a dataset dropped
+while the file is open is closed at once, and that close writes its sieve buffer too; on a full disk
+it fails inside Python's deallocation (``Exception ignored in ObjectID.__dealloc__``), where nothing
+can catch it, and leaves the same half-released identifiers behind (the token store's crash in
+``PrepareCorpus``, found by scripts/reliability.py).
 """
 from __future__ import annotations
 
@@ -56,8 +62,9 @@ def close_all(files: Iterable[h5py.File]) -> None:
     Raises:
         OSError: a flush failed; the files are closed and their content is given up."""
     files = list(files)
+    names = [f.filename for f in files]  # asked before: a closed file's name is not to be asked (h5py crashes)
     try:
-        for f in files:
+        for i, f in enumerate(files):
             f.flush()
     except Exception as e:
         abandon(files)
@@ -65,7 +72,7 @@ def close_all(files: Iterable[h5py.File]) -> None:
             raise
         text = str(e)
         code = errno.EDQUOT if f"errno = {errno.EDQUOT}," in text else errno.ENOSPC if "errno = 28," in text else errno.EIO
-        raise OSError(code, f"HDF5 could not flush {f.filename}: {text.splitlines()[0]}") from e
+        raise OSError(code, f"HDF5 could not flush {names[i]}: {text.splitlines()[0]}") from e
     for f in files:
         f.close()
 

@@ -99,8 +99,8 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
                 progress(k + len(ids), m)
         bar.close()
         for b, f in files.items():
-            if n_stats:
-                f.create_dataset("sumsq", data=torch.cat(sumsq[b]).numpy(), fletcher32=True)
+            if n_stats:  # kept referenced until the files close (zgcore/data/h5write.py)
+                sums[b] = (sums[b], f.create_dataset("sumsq", data=torch.cat(sumsq[b]).numpy(), fletcher32=True))
     except BaseException:
         abandon(files.values())  # a full disk: closed without writing, no crash (zgcore/data/h5write.py)
         raise
