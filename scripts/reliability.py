@@ -73,8 +73,16 @@ def fingerprints(workflow: str, preset: str, outputs: Path) -> dict[str, str]:
     return out
 
 
+PAGE = 4096  # a tmpfs allocates whole pages
+
+
 def _size(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
+
+
+def _pages(p: Path) -> int:
+    """The pages the files under ``p`` take on a tmpfs."""
+    return sum(-(-f.stat().st_size // PAGE) for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
 
 
 def downstream(tasks: list, family: str) -> list:
@@ -125,8 +133,12 @@ def fill_trial(workflow: str, preset: str, family: str, ref: Path, ref_prints: d
     tasks = graph(workflow, preset, ref)
     gone = downstream(tasks, family)
     need = sum(_size(t.out_dir) for t in gone if t.get_task_family() == family)
+    pages = sum(_pages(t.out_dir) for t in gone if t.get_task_family() == family)
     frac = rng.uniform(0.05, 0.95)
-    rec = {"workflow": workflow, "family": family, "bytes": need, "free_fraction": round(frac, 3)}
+    # at least one page (the up-front probe of the outputs folder passes: the family's own write fills the disk),
+    # at most all but one of the pages its outputs take
+    leave = PAGE * min(max(1, int(frac * pages)), max(1, pages - 1))
+    rec = {"workflow": workflow, "family": family, "bytes": need, "free_fraction": round(frac, 3), "free_bytes": leave}
     with Tmpfs(_size(ref) + (64 << 20)) as fs:
         shutil.copytree(ref, fs, dirs_exist_ok=True, symlinks=True)
         for t in graph(workflow, preset, fs):
@@ -135,7 +147,7 @@ def fill_trial(workflow: str, preset: str, family: str, ref: Path, ref_prints: d
         free = shutil.disk_usage(fs).free
         filler = fs / "filler"
         with open(filler, "wb") as f:
-            left = max(0, free - int(frac * need))
+            left = max(0, free - leave)
             while left > 0:
                 n = f.write(b"\0" * min(left, 1 << 22))
                 left -= n
