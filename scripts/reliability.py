@@ -8,8 +8,9 @@ once sharing tasks on one outputs folder.
 For each registered workflow (:mod:`workflows.registry`) the tiny preset is first run on a plain
 folder (the reference). Then, for every task family of its graph, one trial: a fresh tmpfs (the
 script mounts it; root only) gets a copy of the reference outputs without that family's outputs and
-everything downstream of them, and a filler file that leaves free a random fraction (seeded) of the
-bytes that family's outputs hold; the workflow's ``luigi`` command then runs there, so the disk fills
+everything downstream of them, and a filler file that leaves free a random fraction (seeded; whole
+pages, at least one) of the bytes that family's outputs hold; the workflow's ``luigi`` command then
+runs there, so the disk fills
 in the middle of that family's write. A trial passes when that run exits non-zero (not a signal)
 with exactly one ``error:`` line, naming "no space" or "quota", and no traceback; and when, after the
 filler is removed, the same command exits 0 and its outputs equal the reference's: every weight file
@@ -21,6 +22,7 @@ sharing the teacher; identical commands; two experiments that differ only in ``e
 and pass when every one exits 0 and the shared tasks' outputs equal the reference's.
 Prints one line per trial and a summary; exits 1 when a trial failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,7 +69,9 @@ def fingerprints(workflow: str, preset: str, outputs: Path) -> dict[str, str]:
     for title, folder in _folders(tasks):
         for f in sorted(folder.rglob("report.json")):  # where a block resumed from is recorded: not a result
             nums = {k: v for k, v in _numbers(json.loads(f.read_text())).items() if "resumed" not in k}
-            out[f"{title}/{f.relative_to(folder)}"] = hashlib.sha256(json.dumps(nums, sort_keys=True).encode()).hexdigest()
+            out[f"{title}/{f.relative_to(folder)}"] = hashlib.sha256(
+                json.dumps(nums, sort_keys=True).encode()
+            ).hexdigest()
         for f in sorted([*folder.rglob("*.h5"), *folder.rglob("*.npy")]):
             out[f"{title}/{f.relative_to(folder)}"] = hashlib.sha256(f.read_bytes()).hexdigest()
     return out
@@ -182,8 +186,12 @@ def concurrent_trial(name: str, cmds: list[tuple[str, str, list[str]]], refs: di
     out = Path(tempfile.mkdtemp(prefix="zg-shared-"))
     try:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen(command(w, p, out, *x), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for w, p, x in cmds]
+        procs = [
+            subprocess.Popen(
+                command(w, p, out, *x), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for w, p, x in cmds
+        ]
         results = [(p.wait(timeout=1800), p.stderr.read()) for p in procs]
         problem = next((f"exit {c}: {e.strip()[-300:]}" for c, e in results if c != 0), None)
         for w, p, x in cmds:
@@ -226,26 +234,39 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rec = fill_trial(wf.name, wf.tiny, fam, ref, refs[(wf.name, wf.tiny)], rng)
                 records.append(rec)
-                print(f"{'FAIL' if rec['problem'] else 'ok  '} full disk  {wf.name:<18} {fam:<24} "
-                      f"{rec.get('free_fraction', 0):.2f} of {rec.get('bytes', 0) / 2**20:.2f} MiB free: exit "
-                      f"{rec.get('fail_exit')} then {rec.get('rerun_exit')}  {rec['problem'] or rec.get('line', '')[:140]}",
-                      flush=True)
+                print(
+                    f"{'FAIL' if rec['problem'] else 'ok  '} full disk  {wf.name:<18} {fam:<24} "
+                    f"{rec.get('free_fraction', 0):.2f} of {rec.get('bytes', 0) / 2**20:.2f} MiB free: exit "
+                    f"{rec.get('fail_exit')} then {rec.get('rerun_exit')}  "
+                    f"{rec['problem'] or rec.get('line', '')[:140]}",
+                    flush=True,
+                )
         if not a.no_concurrent and ("RunExperiment", "tiny") in refs:
             ex = ("RunExperiment", "tiny", [])
-            for name, cmds in [("two workflows sharing the teacher", [ex, ("ObjectiveStudy", "study_tiny", [])]),
-                               ("two identical commands", [ex, ex]),
-                               ("three runs: two identical, one other eval.context_window",
-                                [ex, ex, ("RunExperiment", "tiny", ["--set", "eval.context_window=8"])])]:
+            for name, cmds in [
+                ("two workflows sharing the teacher", [ex, ("ObjectiveStudy", "study_tiny", [])]),
+                ("two identical commands", [ex, ex]),
+                (
+                    "three runs: two identical, one other eval.context_window",
+                    [ex, ex, ("RunExperiment", "tiny", ["--set", "eval.context_window=8"])],
+                ),
+            ]:
                 rec = concurrent_trial(name, cmds, refs)
                 records.append(rec)
-                print(f"{'FAIL' if rec['problem'] else 'ok  '} concurrent {rec['runs']} runs: {name}: exits "
-                      f"{rec['exits']}  {rec['problem'] or ''}", flush=True)
+                print(
+                    f"{'FAIL' if rec['problem'] else 'ok  '} concurrent {rec['runs']} runs: {name}: exits "
+                    f"{rec['exits']}  {rec['problem'] or ''}",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     failed = [r for r in records if r.get("problem")]
     fills = [r for r in records if "free_fraction" in r]
-    print(f"{len(records)} trial(s): {len(fills)} full-disk ({sum(1 for r in fills if r.get('fit'))} where the write fit), "
-          f"{len(records) - len(fills)} concurrent or reference; {len(failed)} failed")
+    print(
+        f"{len(records)} trial(s): {len(fills)} full-disk "
+        f"({sum(1 for r in fills if r.get('fit'))} where the write fit), "
+        f"{len(records) - len(fills)} concurrent or reference; {len(failed)} failed"
+    )
     if a.json:
         Path(a.json).write_text(json.dumps(records, indent=2) + "\n")
     return 1 if failed else 0

@@ -10,11 +10,13 @@ second builds the task itself. The lock file is removed when the task is done. W
 offers no locks, two runs may build the same task; the second to finish keeps the first's output when
 it is whole (:meth:`tasks.base.ZGTask.building`).
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from zgcore.atomic import exclusive
 

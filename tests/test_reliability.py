@@ -2,6 +2,7 @@
 (docs/reliability.md, "Full disks and shared folders"). Fast: ENOSPC is injected (monkeypatched
 writes, or a tmpfs of 1 MiB mounted inside the test when it runs as root); the whole-graph trials are
 scripts/reliability.py's."""
+
 from __future__ import annotations
 
 import errno
@@ -64,10 +65,9 @@ def test_is_no_space_recognises_each_writers_way_of_saying_it(tmp_path, monkeypa
 
 def test_atomic_path_turns_enospc_into_one_line_and_removes_the_partial(tmp_path):
     target = tmp_path / "out" / "block.safetensors"
-    with pytest.raises(NoSpaceError) as e:
-        with atomic_path(target) as tmp:
-            tmp.write_bytes(b"x" * 3000)
-            raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(NoSpaceError) as e, atomic_path(target) as tmp:
+        tmp.write_bytes(b"x" * 3000)
+        raise OSError(errno.ENOSPC, "No space left on device")
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("no space left on device writing ") and str(target) in msg
     assert "rerun the same command" in msg and " free of " in msg and e.value.errno == errno.ENOSPC
@@ -126,11 +126,15 @@ def test_an_hdf5_writer_on_a_full_disk_fails_cleanly_where_a_plain_close_crashes
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     filler = full_disk / "filler"
     os.truncate(filler, filler.stat().st_size - (300 << 10))  # 300 KiB left: the 1 MiB dataset fills it mid-write
-    ours = subprocess.run([sys.executable, "-c", H5_CHILD, str(full_disk), "ours"], capture_output=True, text=True, env=env)
+    ours = subprocess.run(
+        [sys.executable, "-c", H5_CHILD, str(full_disk), "ours"], capture_output=True, text=True, env=env
+    )
     assert ours.returncode == 0, ours.stderr[-500:]
     assert ours.stdout.startswith("NoSpaceError no space left on device writing"), ours.stdout
     assert not (full_disk / "b0.h5").exists() and not [p for p in full_disk.iterdir() if p.name != "filler"]
-    plain = subprocess.run([sys.executable, "-c", H5_CHILD, str(full_disk), "plain"], capture_output=True, text=True, env=env)
+    plain = subprocess.run(
+        [sys.executable, "-c", H5_CHILD, str(full_disk), "plain"], capture_output=True, text=True, env=env
+    )
     assert plain.returncode == -11, (plain.returncode, plain.stderr[-300:])  # the crash the close order avoids
 
 
@@ -139,7 +143,9 @@ def test_a_task_built_by_another_run_meanwhile_is_waited_for_and_kept(tmp_path):
 
     out = tmp_path / "Fam" / "label-abc"
     said: list[str] = []
-    task = SimpleNamespace(out_dir=out, log=said.append, check_output=lambda: None if (out / "x").is_file() else ("damaged", ""))
+    task = SimpleNamespace(
+        out_dir=out, log=said.append, check_output=lambda: None if (out / "x").is_file() else ("damaged", "")
+    )
     other = SimpleNamespace(out_dir=out, log=said.append, check_output=task.check_output)
     started, results = threading.Event(), {}
 
@@ -206,8 +212,9 @@ def _gguf(path: Path) -> bytes:
 
 
 def test_teacher_files_that_are_not_what_they_claim_say_what_they_are(tmp_path):
-    from zgcore.models.teacher_files import check_config_json, check_gguf, check_safetensors
     from safetensors.torch import save_file
+
+    from zgcore.models.teacher_files import check_config_json, check_gguf, check_safetensors
 
     data = _gguf(tmp_path / "ok.gguf")
     check_gguf(tmp_path / "ok.gguf")
@@ -223,7 +230,9 @@ def test_teacher_files_that_are_not_what_they_claim_say_what_they_are(tmp_path):
         with pytest.raises(ConfigError, match=rf"cut short or damaged: the read stopped at byte \d+ of {cut} reading"):
             check_gguf(bad)
     bad.write_bytes(data[:-20])
-    with pytest.raises(ConfigError, match=rf"cut short: tensor 't2' ends at byte {len(data)}, the file holds {len(data) - 20}"):
+    with pytest.raises(
+        ConfigError, match=rf"cut short: tensor 't2' ends at byte {len(data)}, the file holds {len(data) - 20}"
+    ):
         check_gguf(bad)
     st = tmp_path / "model.safetensors"
     save_file({"w": torch.zeros(64, 64)}, str(st))
@@ -246,9 +255,26 @@ def test_the_luigi_command_fails_bad_inputs_in_one_line_exit_2_before_any_task(t
     junk.write_bytes(os.urandom(4096))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for setting, words in [(f"teacher={junk}", "is not a GGUF file: its first bytes are")]:  # the rest: in-process
-        r = subprocess.run([str(REPO / ".venv/bin/luigi"), "--module", "workflows", "RunExperiment", "--local-scheduler",
-                            "--preset", "tiny", "--set", setting, "--outputs", str(tmp_path / "out")],
-                           capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+        r = subprocess.run(
+            [
+                str(REPO / ".venv/bin/luigi"),
+                "--module",
+                "workflows",
+                "RunExperiment",
+                "--local-scheduler",
+                "--preset",
+                "tiny",
+                "--set",
+                setting,
+                "--outputs",
+                str(tmp_path / "out"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=300,
+        )
         errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
         assert r.returncode == 2 and len(errors) == 1 and words in errors[0], (r.returncode, r.stderr[-500:])
         assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()  # nothing ran, nothing written

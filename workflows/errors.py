@@ -5,7 +5,8 @@ Luigi's worker logs every exception a task raises with its traceback (``luigi-in
 input found only while reading it (:class:`zgcore.config.experiment.ConfigError`, e.g. a corpus file that
 stops being UTF-8 after its first 64 KiB) and damaged stored data (a boundary shard, the token
 store, a finished task's output: :class:`tasks.base.DamagedOutputError`) and a full disk or quota
-(:class:`zgcore.atomic.NoSpaceError`) — a log filter replaces that record by the stderr line ``error: <task>: <message>`` without the traceback;
+(:class:`zgcore.atomic.NoSpaceError`) — a log filter replaces that record by the stderr line
+``error: <task>: <message>`` without the traceback;
 ``ZG_TRACEBACK=1`` keeps it. The task still fails (Luigi's summary and exit code are unchanged). A full disk
 is said once: the worker then starts no further task (every write would fail the same way).
 """

@@ -7,6 +7,7 @@ enforce later: a run that passes them does not fail on the same bound after hour
 * an outputs folder that can be written (created when missing): a read-only, unwritable or
   not-a-folder ``--outputs`` is one line, not a traceback from the first task.
 """
+
 from __future__ import annotations
 
 import errno
@@ -42,8 +43,10 @@ def check_held_out(cfg: dict[str, Any]) -> None:
 
     ms = int(cfg["eval"]["max_sequences"])
     if ms and ms < MIN_HELD_OUT:
-        raise ConfigError(f"eval.max_sequences={ms}: a comparison needs at least {MIN_HELD_OUT} held-out sequences; set "
-                          f"eval.max_sequences >= {MIN_HELD_OUT} (0 = every validation sequence)")
+        raise ConfigError(
+            f"eval.max_sequences={ms}: a comparison needs at least {MIN_HELD_OUT} held-out sequences; set "
+            f"eval.max_sequences >= {MIN_HELD_OUT} (0 = every validation sequence)"
+        )
     c = cfg["corpus"]
     cap, seq_len, frac = int(c["max_tokens"]), int(c["seq_len"]), float(c["val_fraction"])
     if not cap:
@@ -52,15 +55,19 @@ def check_held_out(cfg: dict[str, Any]) -> None:
     n_val = val_count(n, frac)
     if n - n_val < 1 or n_val < MIN_HELD_OUT:
         need = next(m for m in range(2, 10**7) if val_count(m, frac) >= MIN_HELD_OUT and m - val_count(m, frac) >= 1)
-        raise ConfigError(f"corpus.max_tokens={cap} gives at most {n} sequence(s) of corpus.seq_len={seq_len} tokens, "
-                          f"{min(n, n_val)} held out at corpus.val_fraction={frac}: a comparison needs at least "
-                          f"{MIN_HELD_OUT} held-out sequences and training at least 1; set corpus.max_tokens >= "
-                          f"{need * seq_len} (or raise corpus.val_fraction)")
+        raise ConfigError(
+            f"corpus.max_tokens={cap} gives at most {n} sequence(s) of corpus.seq_len={seq_len} tokens, "
+            f"{min(n, n_val)} held out at corpus.val_fraction={frac}: a comparison needs at least "
+            f"{MIN_HELD_OUT} held-out sequences and training at least 1; set corpus.max_tokens >= "
+            f"{need * seq_len} (or raise corpus.val_fraction)"
+        )
     searching = _searching(cfg)
     if searching and ms and n_val <= ms:
-        raise ConfigError(f"{searching[0]} scores its candidates on validation sequences outside the test subset, but "
-                          f"corpus.max_tokens={cap} gives at most {n_val} validation sequence(s), all inside "
-                          f"eval.max_sequences={ms}: lower eval.max_sequences below {n_val} or raise corpus.max_tokens")
+        raise ConfigError(
+            f"{searching[0]} scores its candidates on validation sequences outside the test subset, but "
+            f"corpus.max_tokens={cap} gives at most {n_val} validation sequence(s), all inside "
+            f"eval.max_sequences={ms}: lower eval.max_sequences below {n_val} or raise corpus.max_tokens"
+        )
 
 
 def check_outputs(outputs: str | os.PathLike) -> None:
@@ -86,7 +93,11 @@ def check_outputs(outputs: str | os.PathLike) -> None:
             probe.unlink(missing_ok=True)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise ConfigError(f"the outputs folder {p.resolve()} has no space left ({e.strerror}): free space or give "
-                              "--outputs a bigger folder") from e
-        raise ConfigError(f"the outputs folder {p.resolve()} cannot be written ({e.strerror or e}): give --outputs a "
-                          "folder you can write, or make this one writable") from e
+            raise ConfigError(
+                f"the outputs folder {p.resolve()} has no space left ({e.strerror}): free space or give "
+                "--outputs a bigger folder"
+            ) from e
+        raise ConfigError(
+            f"the outputs folder {p.resolve()} cannot be written ({e.strerror or e}): give --outputs a "
+            "folder you can write, or make this one writable"
+        ) from e

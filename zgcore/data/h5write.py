@@ -22,12 +22,13 @@ it fails inside Python's deallocation (``Exception ignored in ObjectID.__dealloc
 can catch it, and leaves the same half-released identifiers behind (the token store's crash in
 ``PrepareCorpus``, found by scripts/reliability.py).
 """
+
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import h5py
 
@@ -71,7 +72,9 @@ def close_all(files: Iterable[h5py.File]) -> None:
         if isinstance(e, OSError):
             raise
         text = str(e)
-        code = errno.EDQUOT if f"errno = {errno.EDQUOT}," in text else errno.ENOSPC if "errno = 28," in text else errno.EIO
+        code = (
+            errno.EDQUOT if f"errno = {errno.EDQUOT}," in text else errno.ENOSPC if "errno = 28," in text else errno.EIO
+        )
         raise OSError(code, f"HDF5 could not flush {names[i]}: {text.splitlines()[0]}") from e
     for f in files:
         f.close()

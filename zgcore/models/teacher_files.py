@@ -8,6 +8,7 @@ tensor data: a check costs what the headers cost, whatever the size of the weigh
 (``ggml-org/ggml`` docs/gguf.md), safetensors (an 8-byte little-endian header length, a JSON header,
 then the data; ``huggingface/safetensors`` README).
 """
+
 from __future__ import annotations
 
 import json
@@ -67,10 +68,12 @@ class _Reader:
 
     def take(self, n: int, what: str) -> bytes:
         if n < 0 or self.at + n > self.size:
-            raise ConfigError(f"teacher GGUF file {self.path} is cut short or damaged: the read stopped at byte {self.at} "
-                              f"of {self.size} reading {what} ({n} bytes wanted)")
+            raise ConfigError(
+                f"teacher GGUF file {self.path} is cut short or damaged: the read stopped at byte {self.at} "
+                f"of {self.size} reading {what} ({n} bytes wanted)"
+            )
         self.at += n
-        return self.buf[self.at - n: self.at]
+        return self.buf[self.at - n : self.at]
 
     def unpack(self, fmt: str, what: str):
         n = struct.calcsize(fmt)
@@ -88,8 +91,10 @@ class _Reader:
     def string(self, what: str) -> str:
         n = self.unpack("<Q", f"the length of {what}")
         if n > _MAX_HEADER:
-            raise ConfigError(f"teacher GGUF file {self.path} is damaged: {what} at byte {self.at - 8} claims "
-                              f"{n} bytes (file of {self.size})")
+            raise ConfigError(
+                f"teacher GGUF file {self.path} is damaged: {what} at byte {self.at - 8} claims "
+                f"{n} bytes (file of {self.size})"
+            )
         return bytes(self.take(n, what)).decode("utf-8", errors="replace")
 
     def value(self, kind: int, what: str, depth: int = 0) -> None:
@@ -114,8 +119,10 @@ class _Reader:
                 for i in range(count):
                     self.value(item, f"{what}[{i}]", depth + 1)
         else:
-            raise ConfigError(f"teacher GGUF file {self.path} is damaged: {what} has value type {kind} at byte "
-                              f"{self.at - 4} (not a GGUF type)")
+            raise ConfigError(
+                f"teacher GGUF file {self.path} is damaged: {what} has value type {kind} at byte "
+                f"{self.at - 4} (not a GGUF type)"
+            )
 
 
 def check_gguf(path: str | os.PathLike) -> None:
@@ -156,8 +163,9 @@ def check_gguf(path: str | os.PathLike) -> None:
             try:
                 block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
             except (ValueError, KeyError):
-                raise ConfigError(f"teacher GGUF file {path} is damaged: tensor {name!r} has type {kind} (not a GGML "
-                                  "type)") from None
+                raise ConfigError(
+                    f"teacher GGUF file {path} is damaged: tensor {name!r} has type {kind} (not a GGML type)"
+                ) from None
             count = 1
             for d in shape:
                 count *= d
@@ -165,8 +173,10 @@ def check_gguf(path: str | os.PathLike) -> None:
         data = -(-r.at // alignment) * alignment
         for end, name in ends:
             if data + end > r.size:
-                raise ConfigError(f"teacher GGUF file {path} is cut short: tensor {name!r} ends at byte {data + end}, "
-                                  f"the file holds {r.size}")
+                raise ConfigError(
+                    f"teacher GGUF file {path} is cut short: tensor {name!r} ends at byte {data + end}, "
+                    f"the file holds {r.size}"
+                )
     finally:
         r.buf.close()
 
@@ -184,7 +194,9 @@ def check_safetensors(path: str | os.PathLike) -> None:
     if n is None or n > _MAX_HEADER or head[8:9] != b"{":
         raise ConfigError(f"teacher weights {path} are not a safetensors file: {said}")
     if 8 + n > size:
-        raise ConfigError(f"teacher weights {path} are cut short: the read stopped at byte {size} of a {8 + n}-byte header")
+        raise ConfigError(
+            f"teacher weights {path} are cut short: the read stopped at byte {size} of a {8 + n}-byte header"
+        )
     with open(path, "rb") as f:
         f.seek(8)
         try:
@@ -194,8 +206,10 @@ def check_safetensors(path: str | os.PathLike) -> None:
     data = size - 8 - n
     for name, t in header.items():
         if name != "__metadata__" and isinstance(t, dict) and t.get("data_offsets", [0, 0])[1] > data:
-            raise ConfigError(f"teacher weights {path} are cut short: tensor {name!r} ends at byte "
-                              f"{8 + n + t['data_offsets'][1]}, the file holds {size}")
+            raise ConfigError(
+                f"teacher weights {path} are cut short: tensor {name!r} ends at byte "
+                f"{8 + n + t['data_offsets'][1]}, the file holds {size}"
+            )
 
 
 def check_config_json(path: str | os.PathLike) -> None:
@@ -208,7 +222,9 @@ def check_config_json(path: str | os.PathLike) -> None:
         cfg = json.loads(path.read_bytes().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         _, said = first_bytes(path)
-        where = f"the parse stopped at line {e.lineno}, column {e.colno} (byte {e.pos})" if hasattr(e, "pos") else str(e)
+        where = (
+            f"the parse stopped at line {e.lineno}, column {e.colno} (byte {e.pos})" if hasattr(e, "pos") else str(e)
+        )
         raise ConfigError(f"teacher config {path} is not JSON: {where}; {said}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"teacher config {path} holds a JSON {type(cfg).__name__}, not an object of settings")
