@@ -343,22 +343,26 @@ class ZGTask(luigi.Task):
         A ``task.json`` is added recording family, label, hash, config, numerics, upstream ids, a
         fresh ``build`` id, the ``build`` of every upstream output as read now, and every file
         written with its size in bytes (what :meth:`check_output` checks)."""
-        if self.out_dir.exists():  # failed check_output(): keep the old folder for inspection
-            self.move_aside((self.check_output() or ("damaged", ""))[0])
+        if problem := self.check_output() if self.out_dir.exists() else None:  # keep the old folder for inspection
+            self.move_aside(problem[0])
         ups = self.read_upstream()
-        with atomic_path(self.out_dir) as tmp:
-            tmp.mkdir(parents=True)
-            yield tmp
-            files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
-            hashes = {name: file_sha256(tmp / name) for name in files} if self.content_hashes else {}
-            info = {"family": self.get_task_family(), "label": self.label(), "uid": self.uid,
-                    "config": canonical(self.own_config()), "numerics": self.numerics(),
-                    "upstream": [t.uid for t in self.upstream()], "build": uuid.uuid4().hex,
-                    "upstream_builds": {t.uid: (t.record() or {}).get("build") for t in ups}, "files": files}
-            if hashes:
-                info["sha256"] = hashes
-            write_record(tmp, json.dumps(info, indent=2, sort_keys=True) + "\n")
-            kill_point(self.get_task_family())
+        try:
+            with atomic_path(self.out_dir) as tmp:
+                tmp.mkdir(parents=True)
+                yield tmp
+                files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+                hashes = {name: file_sha256(tmp / name) for name in files} if self.content_hashes else {}
+                info = {"family": self.get_task_family(), "label": self.label(), "uid": self.uid,
+                        "config": canonical(self.own_config()), "numerics": self.numerics(),
+                        "upstream": [t.uid for t in self.upstream()], "build": uuid.uuid4().hex,
+                        "upstream_builds": {t.uid: (t.record() or {}).get("build") for t in ups}, "files": files}
+                info.update({"sha256": hashes} if hashes else {})
+                write_record(tmp, json.dumps(info, indent=2, sort_keys=True) + "\n")
+                kill_point(self.get_task_family())
+        except FileExistsError:  # another run finished it meanwhile (no locks here: tasks/exclusive.py)
+            if self.check_output() is not None:
+                raise
+            return self.log(f"built by another run meanwhile; its output {self.out_dir} is whole and is kept")
         for name, digest in hashes.items():  # the bytes just hashed: complete() need not read them again
             remember_sha256(self.out_dir / name, digest)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
 import logging
 import os
 from pathlib import Path
@@ -55,14 +56,26 @@ _one_line_complete_errors()
 
 
 def _checking_inputs(run):
-    """Wrap a family's ``run`` so that the bulk files of every output it reads are checked in full
+    """Wrap a family's ``run`` so that it runs alone (:func:`tasks.exclusive.alone`: one build of a
+    task at a time across the processes sharing its outputs folder; one that another process finished
+    meanwhile is not built again) and the bulk files of every output it reads are checked in full
     first (:meth:`ZGTask.check_inputs`); once per task object, also when ``run`` calls ``super().run()``."""
-    @functools.wraps(run)
-    def checked_run(self, *args, **kwargs):
+    from .exclusive import alone, alone_generator
+
+    def body(self, *args, **kwargs):
         if not self.__dict__.get("_inputs_checked"):
             self.check_inputs()
             self._inputs_checked = True
         return run(self, *args, **kwargs)
+
+    @functools.wraps(run)
+    def checked_run(self, *args, **kwargs):
+        if self.__dict__.get("_alone"):  # super().run() inside the run: already held
+            return body(self, *args, **kwargs)
+        if inspect.isgeneratorfunction(run):
+            return alone_generator(self, body, args, kwargs)
+        with alone(self) as done:
+            return None if done else body(self, *args, **kwargs)
     checked_run.checks_inputs = True
     return checked_run
 

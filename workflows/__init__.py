@@ -31,8 +31,9 @@ RETCODES = {"already_running": 10, "missing_data": 20, "not_run": 25, "task_fail
 
 
 def set_default_retcodes(config=None) -> None:
-    """Write :data:`RETCODES` into Luigi's configuration where it has no value of its own, and Luigi's
-    log level WARNING where none is set (each task prints its own lines; ``--log-level INFO`` on the
+    """Write :data:`RETCODES` into Luigi's configuration where it has no value of its own, Luigi's
+    process lock off (``[core] no_lock``: a second identical command runs too, and waits for each task
+    the first is building, :mod:`tasks.exclusive`) and Luigi's log level WARNING where none is set (each task prints its own lines; ``--log-level INFO`` on the
     command line gives Luigi's back)."""
     config = config if config is not None else luigi.configuration.get_config()
     if not config.has_section("retcode"):
@@ -40,6 +41,10 @@ def set_default_retcodes(config=None) -> None:
     for key, code in RETCODES.items():
         if not config.has_option("retcode", key):
             config.set("retcode", key, str(code))
+    if not config.has_section("core"):
+        config.add_section("core")
+    if not config.has_option("core", "no_lock"):  # identical commands may run together: tasks/exclusive.py
+        config.set("core", "no_lock", "true")
     if not config.has_option("core", "log_level"):  # Luigi's INFO chatter off (`--log-level INFO` gives it back)
         if not config.has_section("core"):
             config.add_section("core")

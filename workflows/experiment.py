@@ -93,7 +93,13 @@ class ConfiguredWorkflow(luigi.WrapperTask):
         super().__init__(*args, **kwargs)
         # On the `luigi` command line (Luigi builds this task while parsing it) a configuration error
         # is one line and exit 2; built from Python (luigi.build, tests) it raises ConfigError.
-        self.cfg = or_exit(self.resolve) if CmdlineParser.get_instance() is not None else self.resolve()
+        if CmdlineParser.get_instance() is None:
+            self.cfg = self.resolve()
+            return
+        self.cfg = or_exit(self.resolve)
+        from .preflight import check_outputs  # the `luigi` command writes there; `zerograph status` only reads
+
+        or_exit(lambda: check_outputs(self.outputs))
 
     def resolve(self) -> dict[str, Any]:
         """The resolved, validated configuration of this workflow."""
@@ -117,6 +123,9 @@ def load_config(config: str = "", overrides: str = "", preset: str = "", seeded_
     check_mixers(cfg, info.model_type)
     warn_teacher_copies(cfg, info.n_layers, info.mlp_width)
     stream_teacher(cfg)
+    from .preflight import check_held_out
+
+    check_held_out(cfg)
     if int(cfg["heal"]["steps"]) and cfg.get("seeds") and not seeded_heal:
         raise zconfig.ConfigError("heal.steps > 0 applies to single-seed experiments; unset seeds or set heal.steps=0 "
                                   "(DistillStudy heals every seed's student)")

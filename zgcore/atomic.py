@@ -10,6 +10,8 @@ through a ``tempfile`` that is always created 0600 (safetensors#764, #782), and 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -17,7 +19,7 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from zgcore.hashing import canonical
 
@@ -168,10 +170,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     (:func:`remove_stale_temps`) are removed: whoever writes a path again cleans up after a killed
     writer of it, wherever that path is. Works for files and folders; the result gets the umask's
     permissions (:func:`umask_permissions`). Raises ``FileExistsError`` if ``path`` is a non-empty
-    folder created meanwhile by someone else (the other writer wins; nothing is overwritten).
+    folder created meanwhile by someone else (the other writer wins; nothing is overwritten), and
+    :class:`NoSpaceError` when the file system ran out of space or quota while anything inside the
+    block wrote (:func:`is_no_space`); the temporary is removed either way.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise_no_space(e, path)
+        raise
     remove_stale_temps(path.parent, path.name)
     tmp = tmp_sibling(path)
     try:
@@ -180,12 +188,153 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             raise FileExistsError(f"{path} was completed by another writer")
         if tmp.exists():
             umask_permissions(tmp)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:  # a folder that another writer renamed into place since the check above
+            if tmp.is_dir() and e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise FileExistsError(f"{path} was completed by another writer") from e
+            raise
+    except Exception as e:
+        raise_no_space(e, path, tmp)
+        raise
     finally:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.exists():
             tmp.unlink()
+
+
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# How writers that drop the errno say it: HDF5's error stack (h5py), safetensors' Rust io::Error, the C library.
+_NO_SPACE_WORDS = ("no space left on device", "disk quota exceeded", "errno = 28,", f"errno = {errno.EDQUOT},",
+                   "(os error 28)", f"(os error {errno.EDQUOT})", "storagefull", "quotaexceeded")
+# What torch.save says when its stream fails (no errno, no words): taken as out of space when the folder's file
+# system has less than FULL_BELOW bytes free at that moment.
+_OPAQUE_WRITE_WORDS = ("iostream error", "unexpected pos", "pytorchstreamwriter failed", "file write failed")
+FULL_BELOW = 1 << 20
+
+
+class NoSpaceError(OSError):
+    """A write that found no space left (ENOSPC) or the user's quota used up (EDQUOT). The message is
+    one line naming what was being written, how much it had written, the file system and what it
+    has free, and what to do (free space, rerun: the same command resumes). ``errno`` is ``ENOSPC``."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _chain(e: BaseException | None) -> Iterator[BaseException]:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def free_bytes(path: str | os.PathLike) -> tuple[int, int] | None:
+    """``(free, total)`` bytes of the file system holding ``path`` (or its nearest existing parent),
+    as an unprivileged user sees them (``statvfs``'s ``f_bavail``); ``None`` when it cannot be asked."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def mount_point(path: str | os.PathLike) -> Path:
+    """The mount point of the file system holding ``path`` (or its nearest existing parent)."""
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    while not os.path.ismount(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def is_no_space(e: BaseException, path: str | os.PathLike | None = None) -> bool:
+    """Whether ``e`` (or an exception it was raised from or during) is a write that ran out of space
+    or quota: an ``OSError`` with errno ENOSPC or EDQUOT, a message that says so (h5py's
+    ``RuntimeError``, safetensors' ``SafetensorError``), or a failed torch stream (``iostream error``,
+    ``unexpected pos``) while the file system of ``path`` has under :data:`FULL_BELOW` bytes free."""
+    for x in _chain(e):
+        if isinstance(x, NoSpaceError):
+            return True
+        if isinstance(x, OSError) and x.errno in NO_SPACE_ERRNOS:
+            return True
+        text = str(x).lower()
+        if any(w in text for w in _NO_SPACE_WORDS):
+            return True
+    if path is not None and any(w in str(x).lower() for x in _chain(e) for w in _OPAQUE_WRITE_WORDS):
+        free = free_bytes(path)
+        return free is not None and free[0] < FULL_BELOW
+    return False
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _size(p: Path | None) -> int:
+    if p is None or not p.exists():
+        return 0
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def raise_no_space(e: BaseException, path: str | os.PathLike, tmp: Path | None = None,
+                   need: int | None = None) -> None:
+    """Raise :class:`NoSpaceError` from ``e`` when it is a write out of space (:func:`is_no_space`),
+    naming ``path``, what ``tmp`` (its partial output) had written or ``need`` (the bytes the write
+    needs, when known), the file system and its free space; return (to let the caller re-raise ``e``)
+    otherwise, and at once when ``e`` already is one."""
+    if isinstance(e, NoSpaceError) or not is_no_space(e, path):
+        return
+    quota = any(isinstance(x, OSError) and x.errno == errno.EDQUOT or "quota" in str(x).lower() for x in _chain(e))
+    free = free_bytes(path)
+    wrote = _size(tmp)
+    needs = f"needs {_mib(need)}" if need else f"needed more than the {_mib(wrote)} it had written"
+    has = f"{mount_point(path)} has {_mib(free[0])} free of {_mib(free[1])}" if free else "its file system"
+    what = "disk quota exceeded" if quota else "no space left on device"
+    raise NoSpaceError(f"{what} writing {path}: it {needs}; {has}; the partial output was removed: free space "
+                       f"(or give --outputs a bigger folder) and rerun the same command, it resumes "
+                       f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})") from e
+
+
+@contextlib.contextmanager
+def exclusive(lock: str | os.PathLike, waiting: Callable[[], None] | None = None) -> Iterator[bool]:
+    """Hold an exclusive lock (``flock``) on the file ``lock`` (created if missing) for the block;
+    yields ``True`` when the lock is held. Another process holding it makes this wait, calling
+    ``waiting()`` once first. Where the file system offers no locks (or the file cannot be created:
+    a read-only folder) it yields ``False`` at once and nothing is held. Released when the block
+    ends, also when the process dies (the kernel drops it)."""
+    lock = Path(lock)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = True
+        except OSError:  # ENOLCK, EOPNOTSUPP: no locks on this file system
+            held = False
+        yield held
+    finally:
+        os.close(fd)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from zgcore.atomic import atomic_path, set_aside
-from zgcore.data import sources
+from zgcore.data import h5write, sources
 from zgcore.checks import ConfigError
 
 FORMAT_VERSION = 2  # 2: each row's document id (train_documents, val_documents)
@@ -118,6 +118,11 @@ class _Rows:
         self.dset.resize(self.n_rows, axis=0)
 
 
+def val_count(n: int, val_fraction: float) -> int:
+    """How many of ``n`` rows :func:`split_indices` holds out: ``max(1, round(n * val_fraction))``."""
+    return max(1, round(n * val_fraction))
+
+
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Deterministic train/validation split of ``n`` rows by a seeded permutation:
     ``(train_idx, val_idx)``, each sorted (int64).
@@ -125,7 +130,7 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, n
     Raises:
         ConfigError: fewer than two rows, i.e. a corpus too short for ``seq_len``.
     """
-    n_val = max(1, round(n * val_fraction))
+    n_val = val_count(n, val_fraction)
     if n < 2 or n - n_val < 1:
         raise ConfigError(f"the corpus gives only {n} sequence(s) of this length: need at least 2 "
                           "(one to train, one to validate); add text or lower corpus.seq_len")
@@ -186,7 +191,7 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
     with atomic_path(path) as tmp:
         scratch = tmp.with_name(tmp.name + ".rows")
         try:
-            with h5py.File(scratch, "w") as sf:
+            with h5write.writing(scratch) as sf:
                 rows = _Rows(sf.create_dataset("rows", (0, seq_len), np.int32, maxshape=(None, seq_len),
                                                 chunks=(max(1, min(4096, buffer // seq_len)), seq_len)),
                              seq_len, int(corpus["max_tokens"]))
@@ -218,7 +223,7 @@ def build_token_store(path: str | os.PathLike, corpus: Mapping[str, Any], tokeni
         meta.update({"format_version": FORMAT_VERSION, "seq_len": seq_len, "tokens": meta.pop("n_rows") * seq_len,
                      "documents": rows.documents, "tokenizer": tokenizer_name, "vocab_size": len(tokenizer),
                      "source_files": used, "skipped_files": len(skipped), "skipped": skipped})
-        with h5py.File(tmp, "r+") as f:
+        with h5write.writing(tmp, "r+") as f:
             f.attrs["meta"] = json.dumps(meta, sort_keys=True)
     write_checksum(path)  # read_tokens checks every byte against it before any value is used
     return meta
@@ -252,7 +257,7 @@ def _write_split(tmp, all_rows, corpus: Mapping[str, Any], chunk: int, documents
     train_idx, val_idx = split_indices(n, float(corpus["val_fraction"]), int(corpus["split_seed"]))
     is_val = np.zeros(n, dtype=bool)
     is_val[val_idx] = True
-    with h5py.File(tmp, "w") as f:
+    with h5write.writing(tmp) as f:
         out = {"train": f.create_dataset("train", (len(train_idx), seq_len), np.int32),
                "val": f.create_dataset("val", (len(val_idx), seq_len), np.int32)}
         at = {"train": 0, "val": 0}
@@ -261,8 +266,9 @@ def _write_split(tmp, all_rows, corpus: Mapping[str, Any], chunk: int, documents
             for name, part in (("train", block[~mask]), ("val", block[mask])):
                 out[name][at[name]: at[name] + len(part)] = part
                 at[name] += len(part)
-        f.create_dataset("train_documents", data=documents[~is_val].astype(np.int64))
-        f.create_dataset("val_documents", data=documents[is_val].astype(np.int64))
+        # kept referenced until the file closes (zgcore/data/h5write.py: a dataset dropped on a full disk crashes HDF5)
+        out["docs"] = [f.create_dataset(f"{s}_documents", data=documents[m].astype(np.int64))
+                       for s, m in (("train", ~is_val), ("val", is_val))]
         return {"fingerprint": fingerprint(out["train"], out["val"], chunk), "n_train": len(train_idx),
                 "n_val": len(val_idx), "n_rows": n}
 

@@ -27,6 +27,7 @@ from zgcore.checks import ConfigError
 from zgcore.hashing import canonical_json, file_sha256
 
 from zgcore.models.families import ADAPTERS, attn_implementation
+from zgcore.models import teacher_files
 
 SUPPORTED_FAMILIES = tuple(ADAPTERS)
 
@@ -121,6 +122,8 @@ def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
     folder = Path(os.path.expanduser(spec))
     if folder.is_dir() and not _CONFIG_ONLY.get():
         check_folder(folder)  # weights and tokenizer are there: PrepareCorpus and TeacherBoundary need both
+        for w in sorted(folder.glob("*.safetensors")):
+            teacher_files.check_safetensors(w)  # headers only
     n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
     max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions")
     from zgcore.models.channels import mlp_width
@@ -162,10 +165,12 @@ def _load_config(spec: str):
         if p.suffix == ".gguf":
             if not p.is_file():
                 raise ConfigError(f"teacher GGUF file {p} does not exist")
+            teacher_files.check_gguf(p)  # not GGUF, cut short or damaged: one line saying what it is
             return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
         if p.is_dir():
             if not (p / "config.json").is_file():
                 raise ConfigError(f"teacher folder {p} has no config.json (not a Hugging Face model directory)")
+            teacher_files.check_config_json(p / "config.json")
             return AutoConfig.from_pretrained(str(p))
         if p.exists():
             raise ConfigError(f"teacher {spec!r} is a file; give a Hugging Face model folder or a .gguf file")
@@ -272,11 +277,15 @@ def build_tiny(family: str, path: str | os.PathLike, seed: int = 0, **config_kw)
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    with atomic_path(path) as tmp:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(tiny_config(family, **config_kw))
-        model.save_pretrained(tmp)
-        byte_tokenizer().save_pretrained(tmp)
+    try:
+        with atomic_path(path) as tmp:
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(tiny_config(family, **config_kw))
+            model.save_pretrained(tmp)
+            byte_tokenizer().save_pretrained(tmp)
+    except FileExistsError:  # another run built it meanwhile (the same seed: the same model); keep its folder
+        if not (path / "config.json").is_file():
+            raise
     return path
 
 

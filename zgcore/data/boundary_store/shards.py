@@ -31,6 +31,7 @@ from zgcore.atomic import atomic_path, write_json
 from zgcore.hashing import file_sha256
 from zgcore.progress import progress_bar
 from . import codec as codec_mod
+from ..h5write import abandon, close_all
 from .integrity import file_record, outside_sha256
 from .common import (MANIFEST, SHARD_FILE, STATS_SEQUENCES, BoundaryStoreError, StoredForm, planned_bytes, quarantine,
                      rms_from_sumsq, sequence_checksums, sequence_sumsq, system_error, unavailable)
@@ -103,11 +104,12 @@ def write_shard(folder: str | os.PathLike, teacher, rows: np.ndarray, split: str
                 progress(k + len(ids), m)
         bar.close()
         for b, f in files.items():
-            if n_stats:
-                f.create_dataset("sumsq", data=torch.cat(sumsq[b]).numpy(), fletcher32=True)
-    finally:
-        for f in files.values():
-            f.close()
+            if n_stats:  # kept referenced until the files close (zgcore/data/h5write.py)
+                sums[b] = (sums[b], f.create_dataset("sumsq", data=torch.cat(sumsq[b]).numpy(), fletcher32=True))
+    except BaseException:
+        abandon(files.values())  # a full disk: closed without writing, no crash (zgcore/data/h5write.py)
+        raise
+    close_all(files.values())  # flushed first, then closed
     rec = {"format_version": enc.format_version, **enc.extra(), "split": split, "lo": int(lo), "hi": int(lo + m),
            "boundaries": [int(b) for b in boundaries], "dtype": dtype, "seq_len": seq_len, "hidden_size": hidden,
            "batch_size": int(batch_size), "stats_rows": int(n_stats), **extra,
