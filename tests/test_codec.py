@@ -7,6 +7,8 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import re
+
 import pytest
 import torch
 
@@ -213,6 +215,7 @@ def test_a_bad_codec_setting_is_one_config_error():
     from workflows import load_config
     from zgcore.checks import ConfigError
 
-    for bad in ("boundary.codec=int3", "boundary.codec_keep=-1"):
-        with pytest.raises(ConfigError, match="boundary.codec must be one of"):
+    for bad, says in (("boundary.codec=int3", "boundary.codec must be one of none, fp8, int8, int4, got 'int3'"),
+                      ("boundary.codec_keep=-1", "boundary.codec_keep must be a non-negative integer, got -1")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
             load_config("", tiny_cfg() + " " + bad, "tiny")
