@@ -1,0 +1,54 @@
+"""``luigi --module workflows ExportStudent --preset tiny --quant q4_k_m`` (and ``zerograph export --gguf``):
+an experiment's student as a GGUF file for llama.cpp (docs/export.md).
+
+The export is checked when the graph is built, before anything runs: a block whose token mixer llama.cpp
+cannot run (``linear``, ``window``, ...) fails in one line naming the kinds that can
+(:func:`zgcore.models.gguf_export.check_exportable`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import luigi
+
+from zgcore.config import experiment as zconfig
+
+from .experiment import RunExperiment, block_settings, load_config
+
+if TYPE_CHECKING:
+    from tasks.export import ExportGGUF
+
+
+def build_export(cfg: dict[str, Any], outputs: str = "outputs", quant: str = "f32") -> ExportGGUF:
+    """The ExportGGUF task of a resolved experiment's student (healed when ``heal.steps`` > 0).
+
+    Raises:
+        zgcore.config.experiment.ConfigError: seeds set, or a student llama.cpp cannot run (one line).
+    """
+    from tasks.export import ExportGGUF
+    from zgcore.models import gguf_export
+    from zgcore.models.costs import teacher_config
+
+    if cfg.get("seeds"):
+        raise zconfig.ConfigError("export writes one student: unset seeds (train.seed picks the run)")
+    blocks = block_settings(cfg)
+    tc = teacher_config(cfg["teacher"])
+    gguf_export.check_exportable(gguf_export.mixers_of(blocks), tc.model_type, quant, tc.to_dict().get("rope_parameters"))
+    return ExportGGUF(teacher=cfg["teacher"], corpus=cfg["corpus"], boundary=cfg["boundary"], blocks=blocks,
+                      heal=cfg["heal"], quant=quant, study=cfg["name"], outputs=outputs, device=cfg["device"])
+
+
+class ExportStudent(RunExperiment):
+    """An experiment's student (the one ``RunExperiment`` with the same options builds) as
+    ``model.gguf``: the task ``ExportGGUF``. Same parameters as :class:`RunExperiment`, plus ``quant``
+    (f32, f16, q8_0, q4_k_m). Raises ``ConfigError`` at construction for a student llama.cpp cannot run."""
+
+    quant = luigi.Parameter(default="f32", description="f32 | f16 | q8_0 | q4_k_m (q8_0, q4_k_m: llama.cpp's quantizer)")
+
+    def resolve(self):
+        cfg = load_config(self.config, self.set, self.preset)
+        self.export = build_export(cfg, self.outputs, str(self.quant))
+        return cfg
+
+    def requires(self):
+        return self.export
