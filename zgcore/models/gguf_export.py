@@ -253,11 +253,13 @@ def quantize(src: str | os.PathLike, out: str | os.PathLike, quant: str, threads
     """Quantize the GGUF file ``src`` into ``out`` with llama.cpp's own quantizer
     (``llama_model_quantize``; ``quant`` one of :data:`QUANTIZED`, q4_k_m as ``llama-quantize``'s
     Q4_K_M mix). Raises :class:`ExportError` without llama.cpp, ``RuntimeError`` when it fails."""
+    import ctypes
+
     llama_cpp = llama_cpp_or_raise(f"--quant {quant}")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = QUANTIZED[quant]
     params.nthread = int(threads)
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
     if rc != 0:
         raise RuntimeError(f"llama.cpp's quantizer failed ({rc}) on {src} -> {quant}")
 
