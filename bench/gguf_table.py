@@ -66,13 +66,17 @@ def main() -> None:
     from zgcore.evaluation import estimators, metrics
     from zgcore.models import gguf_export
 
+    import luigi
+
     cfg = load_config(preset="default")
     pc = PrepareCorpus(teacher=cfg["teacher"], corpus=cfg["corpus"], outputs=a.outputs)
+    probe = build_export(cfg, a.outputs, "f32")
+    if not luigi.build([pc, *held_out_tasks(probe, cfg["eval"])], local_scheduler=True, log_level="WARNING"):
+        raise SystemExit("the teacher, its corpus or a held-out corpus failed to build")
     val = corpus.read_tokens(pc.out_dir / "tokens.h5", "val")
     rows = metrics.eval_subset(len(val), int(cfg["eval"]["max_sequences"]), int(cfg["eval"]["subset_seed"]))
     docs = corpus.read_documents(pc.out_dir / "tokens.h5", "val")
     sets = {"in": (val[rows], None if docs is None else np.asarray(docs)[rows])}
-    probe = build_export(cfg, a.outputs, "f32")
     for t in held_out_tasks(probe, cfg["eval"]):
         sets[t.extra["name"]] = (read_held_out(t), None)
     rec = teacher_record(PrepareTeacher(teacher=cfg["teacher"], outputs=a.outputs))

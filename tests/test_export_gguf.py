@@ -154,3 +154,11 @@ def test_no_attention_in_the_first_block_and_an_unknown_quant_fail_in_one_line()
         workflows.ExportStudent(preset="tiny", set="blocks.0.mixer=none", outputs="/nonexistent")
     with pytest.raises(gguf_export.ExportError, match="choose one of f32, f16, q8_0, q4_k_m"):
         workflows.ExportStudent(preset="tiny", quant="q3", outputs="/nonexistent")
+
+
+def test_a_library_pick_not_chosen_yet_names_the_command_that_chooses_it(tmp_path):
+    with pytest.raises(gguf_export.ConfigError) as e:
+        workflows.ExportStudent(preset="library_tiny", outputs=str(tmp_path))
+    assert len(str(e.value).splitlines()) == 1 and "SelectStudent --local-scheduler" in str(e.value)
+    with pytest.raises(gguf_export.ConfigError, match="--budget 9: the library has"):
+        workflows.ExportStudent(preset="library_tiny", budget=9, outputs=str(tmp_path))

@@ -212,9 +212,12 @@ def export(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
            gguf: bool = typer.Option(False, "--gguf", help="write the student as a GGUF file for llama.cpp, Ollama, "
                                      "LM Studio (the one format so far)"),
            quant: str = typer.Option("f32", "--quant", "-q", help="f32 | f16 | q8_0 | q4_k_m (the last two by "
-                                     "llama.cpp's quantizer: needs llama-cpp-python)")):
+                                     "llama.cpp's quantizer: needs llama-cpp-python)"),
+           budget: int = typer.Option(0, "--budget", help="with a SelectStudent preset: export the pick for "
+                                      "library.budgets[BUDGET] (SelectStudent must have chosen it)")):
     """Build the experiment's student (what ``luigi --module workflows RunExperiment`` builds with the same
-    options, healed when heal.steps > 0) and write it as ``model.gguf`` (task ``ExportGGUF``, docs/export.md);
+    options, healed when heal.steps > 0; with a SelectStudent preset the library's pick for one budget) and
+    write it as ``model.gguf`` (task ``ExportGGUF``, docs/export.md);
     print its path. Exits 0 when written, 1 when a task failed, 2 on a configuration error (a student
     llama.cpp cannot run included: one line naming the kinds that export)."""
     if not gguf:
@@ -224,7 +227,8 @@ def export(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
 
     from .export import ExportStudent
 
-    root = or_exit(lambda: ExportStudent(config=config, set="\n".join(set), preset=preset, outputs=outputs, quant=quant))
+    root = or_exit(lambda: ExportStudent(config=config, set="\n".join(set), preset=preset, outputs=outputs, quant=quant,
+                                              budget=budget))
     if not luigi.build([root], local_scheduler=True, log_level="WARNING"):
         typer.echo(f"export failed; rerun: zerograph export --gguf --quant {quant} (it resumes)", err=True)
         raise typer.Exit(1)
