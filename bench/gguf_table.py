@@ -90,7 +90,8 @@ def main() -> None:
         if not a.teacher_only:
             files[("student", q)] = build_export(cfg, a.outputs, q).out_dir / GGUF
             if not files[("student", q)].is_file():
-                raise SystemExit(f"{files[('student', q)]} is missing: run .venv/bin/zerograph export --gguf --quant {q}")
+                raise SystemExit(f"{files[('student', q)]} is missing: run "
+                                 f".venv/bin/zerograph export --gguf --quant {q}")
     res = {f"{m}/{q}/{s}": score(p, x, a.threads) for (m, q), p in files.items() for s, (x, _) in sets.items()}
     for key in sorted(res):
         r = res[key]
@@ -103,7 +104,8 @@ def main() -> None:
                        for m in ("teacher", "student")}
                 d = inc["student"] - inc["teacher"]
                 lo, hi, p = estimators.bootstrap(d, estimators.clusters(len(d), groups), 10000, 0, 0.95)
-                print(f"{s} {q}: student's increase - teacher's {d.mean():+.4f} nats/token [{lo:+.4f}, {hi:+.4f}] p={p:.3f}")
+                print(f"{s} {q}: student's increase - teacher's {d.mean():+.4f} nats/token "
+                      f"[{lo:+.4f}, {hi:+.4f}] p={p:.3f}")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
 

@@ -43,7 +43,8 @@ class ExportGGUF(_StudentTask):
     uses_device = False  # converts on CPU
     heal = luigi.DictParameter(default={"steps": 0}, visibility=HIDDEN,
                                description="heal section; steps > 0 exports the healed student (tasks.heal.Heal)")
-    exact = luigi.BoolParameter(default=False, description="export the student assembled without padding (AssembleExact)")
+    exact = luigi.BoolParameter(default=False,
+                                description="export the student assembled without padding (AssembleExact)")
     quant = luigi.Parameter(default="f32", description="f32 | f16 | q8_0 | q4_k_m")
 
     def student_task(self):

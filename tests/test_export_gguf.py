@@ -124,8 +124,8 @@ def test_an_exported_student_in_llama_cpp_scores_and_generates_as_the_hf_student
     assert worst < 1e-3, worst
     prompt = [int(i) for i in val[0][:8]]
     with torch.no_grad():
-        hf_out = model.generate(torch.as_tensor([prompt]), max_new_tokens=NEW, do_sample=False)[0, len(prompt):].tolist()
-    assert greedy_llama(llm, prompt, NEW) == hf_out
+        hf_out = model.generate(torch.as_tensor([prompt]), max_new_tokens=NEW, do_sample=False)[0, len(prompt) :]
+    assert greedy_llama(llm, prompt, NEW) == hf_out.tolist()
 
 
 def test_a_q4_k_m_export_is_smaller_and_llama_cpp_generates_from_it(built):

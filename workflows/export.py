@@ -34,12 +34,14 @@ def build_export(cfg: dict[str, Any], outputs: str = "outputs", quant: str = "f3
         raise zconfig.ConfigError("export writes one student: unset seeds (train.seed picks the run)")
     blocks = block_settings(cfg)
     tc = teacher_config(cfg["teacher"])
-    gguf_export.check_exportable(gguf_export.mixers_of(blocks), tc.model_type, quant, tc.to_dict().get("rope_parameters"))
+    rope = tc.to_dict().get("rope_parameters")
+    gguf_export.check_exportable(gguf_export.mixers_of(blocks), tc.model_type, quant, rope)
     return ExportGGUF(teacher=cfg["teacher"], corpus=cfg["corpus"], boundary=cfg["boundary"], blocks=blocks,
                       heal=cfg["heal"], quant=quant, study=cfg["name"], outputs=outputs, device=cfg["device"])
 
 
-def build_library_export(cfg: dict[str, Any], outputs: str = "outputs", quant: str = "f32", budget: int = 0) -> ExportGGUF:
+def build_library_export(cfg: dict[str, Any], outputs: str = "outputs", quant: str = "f32",
+                         budget: int = 0) -> ExportGGUF:
     """The ExportGGUF task of a library's pick (``SelectStudent``): the student chosen for
     ``library.budgets[budget]``, assembled without padding (its layers keep their own shapes).
 
@@ -58,15 +60,17 @@ def build_library_export(cfg: dict[str, Any], outputs: str = "outputs", quant: s
     report = build_library(cfg, outputs)
     selections = report.requires()["selections"]
     if not 0 <= budget < len(selections):
-        raise zconfig.ConfigError(f"--budget {budget}: the library has {len(selections)} budget(s), 0 to {len(selections) - 1}")
+        raise zconfig.ConfigError(f"--budget {budget}: the library has {len(selections)} budget(s), "
+                                  f"0 to {len(selections) - 1}")
     sel = selections[budget]
     if not sel.complete():
-        raise zconfig.ConfigError(f"library.budgets[{budget}] has no selection yet: run `.venv/bin/luigi --module workflows "
-                                  f"SelectStudent --local-scheduler` with the same options first")
+        raise zconfig.ConfigError(f"library.budgets[{budget}] has no selection yet: run `.venv/bin/luigi --module "
+                                  "workflows SelectStudent --local-scheduler` with the same options first")
     chosen = json.loads(sel.checked("selection.json").read_text())["chosen"]
     blocks = [dict(report.candidates[i][v]["train"]) for i, v in enumerate(chosen)]
     tc = teacher_config(cfg["teacher"])
-    gguf_export.check_exportable(gguf_export.mixers_of(blocks), tc.model_type, quant, tc.to_dict().get("rope_parameters"))
+    rope = tc.to_dict().get("rope_parameters")
+    gguf_export.check_exportable(gguf_export.mixers_of(blocks), tc.model_type, quant, rope)
     return ExportGGUF(teacher=cfg["teacher"], corpus=cfg["corpus"], boundary=cfg["boundary"], blocks=blocks, exact=True,
                       quant=quant, study=cfg["name"], outputs=outputs, device=cfg["device"])
 
@@ -78,8 +82,10 @@ class ExportStudent(RunExperiment):
     :class:`RunExperiment`, plus ``quant`` (f32, f16, q8_0, q4_k_m) and ``budget``. Raises
     ``ConfigError`` at construction for a student llama.cpp cannot run."""
 
-    quant = luigi.Parameter(default="f32", description="f32 | f16 | q8_0 | q4_k_m (q8_0, q4_k_m: llama.cpp's quantizer)")
-    budget = luigi.IntParameter(default=0, description="with a SelectStudent preset: which library.budgets entry's pick")
+    quant = luigi.Parameter(default="f32",
+                            description="f32 | f16 | q8_0 | q4_k_m (q8_0, q4_k_m: llama.cpp's quantizer)")
+    budget = luigi.IntParameter(default=0,
+                                description="with a SelectStudent preset: which library.budgets entry's pick")
 
     def resolve(self):
         owner = registry.owner(self.preset)

@@ -153,7 +153,8 @@ def bpe_tokenizer_fields(folder: Path, vocab_size: int) -> list[tuple[str, Any, 
     # llama.cpp needs a merges key and GGUF no empty array: with no merges (the tiny byte tokenizer) one that never
     # applies (a BPE symbol starts as one character, and no merge makes "zg-none")
     merges = merges or ["zg-none zg-none"]
-    cfg = json.loads((folder / "tokenizer_config.json").read_text()) if (folder / "tokenizer_config.json").is_file() else {}
+    tc = folder / "tokenizer_config.json"
+    cfg = json.loads(tc.read_text()) if tc.is_file() else {}
     out = [("tokenizer.ggml.model", "gpt2", T.STRING, None), ("tokenizer.ggml.pre", "default", T.STRING, None),
            ("tokenizer.ggml.tokens", tokens, T.ARRAY, T.STRING),
            ("tokenizer.ggml.token_type", [int(t) for t in types], T.ARRAY, T.INT32),
@@ -208,7 +209,8 @@ def write_gguf(folder: str | os.PathLike, out: str | os.PathLike, dtype: str = "
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_rope_freq_base(float((cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta") or 10000.0))
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta") or 10000.0
+    w.add_rope_freq_base(float(theta))
     w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
     w.add_vocab_size(int(cfg["vocab_size"]))
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
