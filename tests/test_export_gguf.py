@@ -1,4 +1,4 @@
-"""GGUF export checked by llama.cpp itself (issue 56, docs/export.md): on the tiny experiment, the
+"""GGUF export checked by llama.cpp itself (docs/export.md): on the tiny experiment, the
 uniform student (llama architecture) and a heterogeneous one (deci architecture: a narrower MLP
 and one key-value head in block 0, no attention in block 1) load in llama-cpp-python; their
 held-out CE from llama.cpp's logits on the validation sequences matches the Hugging Face student's
