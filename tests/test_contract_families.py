@@ -42,7 +42,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TOKENIZER
 # the smoke graphs: each tiny preset with its workflow, and the families only options build: the tiny
 # experiment with two seeds, an out-of-domain corpus and an lr search of its blocks (SeedSummary,
 # PrepareHeldOut, ScoreBlock), the local study with an lr search (ChooseLocalLR), the distillation study
-# over two seeds (DistillSeedsReport), the objective study (ObjectiveStudyReport)
+# over two seeds (DistillSeedsReport), the objective study (ObjectiveStudyReport), the GGUF export (ExportGGUF)
 SMOKE = {
     "tiny": ("RunExperiment", "tiny", ""),
     "heal_topk_tiny": ("RunExperiment", "heal_topk_tiny", ""),
@@ -55,6 +55,7 @@ SMOKE = {
                                                       "study.lr_rounds=1"),
     "distill_seeds": ("DistillStudy", "distill_tiny", "seeds=[0,1] eval.max_sequences=6"),
     "study": ("ObjectiveStudy", "tiny", "train.max_steps=2"),
+    "export": ("ExportStudent", "tiny", ""),  # ExportGGUF: the tiny student as GGUF (f32, no llama.cpp needed)
 }
 
 

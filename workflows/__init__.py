@@ -21,6 +21,7 @@ from .distill import DistillStudy
 from .errors import install as install_error_filter
 from .experiment import (CONFIG_ERROR_EXIT, ConvertStudy, ObjectiveStudy, PrepareInputs, RunExperiment, build_experiment, build_study,
                          load_config)
+from .export import ExportStudent
 from .library import SelectStudent
 from .local import LocalLearningStudy
 from .registry import all_workflows
@@ -61,5 +62,6 @@ ending.install()  # the `luigi` command's exit code, last line and Ctrl-C (workf
 failover.install()  # a task that raised is disabled at once; a lost worker's task is retried (workflows/failover.py)
 
 
-__all__ = ["RunExperiment", "PrepareInputs", "ObjectiveStudy", "LocalLearningStudy", "DistillStudy", "SelectStudent", "ConvertStudy", "build_experiment",
+__all__ = ["RunExperiment", "PrepareInputs", "ObjectiveStudy", "LocalLearningStudy", "DistillStudy", "SelectStudent", "ConvertStudy", "ExportStudent",
+           "build_experiment",
            "build_study", "load_config", "all_workflows", "CONFIG_ERROR_EXIT", "RETCODES"]

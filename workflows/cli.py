@@ -273,6 +273,34 @@ def plan(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetO
     typer.echo(table(p["tasks"], p["totals"], p["device"], p["accelerator"]))
 
 
+@app.command()
+def export(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
+           gguf: bool = typer.Option(False, "--gguf", help="write the student as a GGUF file for llama.cpp, Ollama, "
+                                     "LM Studio (the one format so far)"),
+           quant: str = typer.Option("f32", "--quant", "-q", help="f32 | f16 | q8_0 | q4_k_m (the last two by "
+                                     "llama.cpp's quantizer: needs llama-cpp-python)"),
+           budget: int = typer.Option(0, "--budget", help="with a SelectStudent preset: export the pick for "
+                                      "library.budgets[BUDGET] (SelectStudent must have chosen it)")):
+    """Build the experiment's student (what ``luigi --module workflows RunExperiment`` builds with the same
+    options, healed when heal.steps > 0; with a SelectStudent preset the library's pick for one budget) and
+    write it as ``model.gguf`` (task ``ExportGGUF``, docs/export.md);
+    print its path. Exits 0 when written, 1 when a task failed, 2 on a configuration error (a student
+    llama.cpp cannot run included: one line naming the kinds that export)."""
+    if not gguf:
+        typer.echo("error: give --gguf (GGUF for llama.cpp is the one export format)", err=True)
+        raise typer.Exit(2)
+    import luigi
+
+    from .export import ExportStudent
+
+    root = or_exit(lambda: ExportStudent(config=config, set="\n".join(set), preset=preset, outputs=outputs, quant=quant,
+                                              budget=budget))
+    if not luigi.build([root], local_scheduler=True, log_level="WARNING"):
+        typer.echo(f"export failed; rerun: zerograph export --gguf --quant {quant} (it resumes)", err=True)
+        raise typer.Exit(1)
+    typer.echo(str(root.export.out_dir / "model.gguf"))
+
+
 from .slurm import app as slurm_app  # noqa: E402
 
 app.add_typer(slurm_app, name="slurm")
