@@ -193,7 +193,6 @@ def wait_fractions(path: Path, a, ahead: int, mode: str) -> dict:
     bs, out = 8, {}
     per_pass = (a.sequences + bs - 1) // bs
     passes = max(1, -(-a.batches // per_pass))  # the worker starts once per TrainBlock: amortise it as a run does
-    n_batches = passes * per_pass
     with BoundaryReader(path) as r:
         alone = min(store_read(r, order, bs) for _ in range(a.repeats)) / per_pass
         print(f"  the reader alone: {1e3 * alone:.2f} ms per batch of {bs}; prefetching with {mode} workers", flush=True)

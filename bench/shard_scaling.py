@@ -73,7 +73,6 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     os.environ.setdefault("TQDM_DISABLE", "1")
     import luigi
-    import numpy as np
     import torch
 
     from bench import cache_build

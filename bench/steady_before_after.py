@@ -8,7 +8,11 @@ each batch buffer's pages (paid once per run, in a run of thousands of steps) ex
 
     .venv/bin/python bench/steady_before_after.py --old /tmp/old --gb 0.94
 """
-import os, subprocess, sys, tempfile, time
+import os
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 import argparse
 _p = argparse.ArgumentParser(description="steady prefetch rate, an older checkout against this tree")
@@ -19,7 +23,7 @@ _p.add_argument("--warm", type=int, default=16, help="batches before the clock s
 ARGS = _p.parse_args()
 NEW, OLD = str(Path(__file__).resolve().parents[1]), ARGS.old
 sys.path.insert(0, NEW)
-from bench.store_scale import write_store, as_format_4
+from bench.store_scale import write_store, as_format_4  # noqa: E402 (after the path insert above)
 
 root = Path(tempfile.mkdtemp(prefix="steady-"))
 join = write_store(root / "s", ARGS.gb, 2048, 256)
@@ -53,19 +57,20 @@ with BoundaryReader(join) as r:
 def run(repo, join, mode):
     out = subprocess.run([sys.executable, "-c", code.replace("REPO", repr(repo)), str(join), mode, str(ARGS.batches), str(ARGS.warm)], capture_output=True, text=True)
     if out.returncode:
-        print(out.stderr[-2000:]); raise SystemExit(1)
+        print(out.stderr[-2000:])
+        raise SystemExit(1)
     return float(out.stdout.split()[-1])
 def direct(join):
     sys.path.insert(0, NEW)
     from zgcore.data.boundary_store import BoundaryReader
     from zgcore.data.order import data_order
     with BoundaryReader(join) as r:
-        n = r.n("train"); sh = r.shards["train"][0]
+        n, sh = r.n("train"), r.shards["train"][0]
         files = [r._shard_dir(sh) / sh["files"][f"b{b}"]["name"] for b in (0, 1)]
         offs = [sh["files"][f"b{b}"]["data"][0] for b in (0, 1)]
         seq = int(r.manifest["seq_len"]) * int(r.manifest["hidden_size"]) * 2
         order = data_order(n, 0, 0)[ARGS.warm * 8: ARGS.batches * 8]
-        buf = bytearray(8 * seq); fds = [os.open(f, os.O_RDONLY) for f in files]
+        buf, fds = bytearray(8 * seq), [os.open(f, os.O_RDONLY) for f in files]
         def once():
             t0 = time.perf_counter()
             for k in range(0, len(order), 8):
@@ -81,7 +86,7 @@ for _ in range(3):
     res["old"].append(run(OLD, old, "old"))
     res["thread"].append(run(NEW, join, "thread"))
     res["process"].append(run(NEW, join, "process"))
-import statistics as st
+import statistics as st  # noqa: E402
 d = st.median(res["direct"])
 for k, v in res.items():
     print(f"{k:8s} GB/s {' '.join(f'{x:.2f}' for x in v)}  median {st.median(v):.2f}  / direct {st.median(v) / d:.2f}")

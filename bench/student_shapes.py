@@ -32,7 +32,6 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
 
     import luigi
-    import torch
 
     from tasks.teacher import PrepareCorpus, PrepareTeacher, teacher_record
     from workflows.experiment import load_config

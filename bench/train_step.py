@@ -56,14 +56,15 @@ def measure(teacher, store: Path, train_tokens: np.ndarray, boundaries: list[int
 
     log("figure 2: block 0 from memory, then from the store")
     m_mem = _train(teacher, kept[0], 0, boundaries[0], boundaries[1], t, lambda: mem, workdir, "memory")
-    del mem
+    mem = None  # the in-memory boundaries are freed before the cached runs
     blocks = []
     for i in range(K):
         b_in, b_out = boundaries[i], boundaries[i + 1]
         log(f"figure 3: block {i} ({b_in}->{b_out}, {len(kept[i])} layers) cached, then online")
         cached = _train(teacher, kept[i], i, b_in, b_out, t, lambda: BoundaryReader(store), workdir, "cached")
         online = _train(teacher, kept[i], i, b_in, b_out, t,
-                        lambda: OnlineBoundaries(teacher, train_tokens, [b_in, b_out], dtype, cache_batch_size),
+                        lambda b_in=b_in, b_out=b_out: OnlineBoundaries(teacher, train_tokens, [b_in, b_out], dtype,
+                                                                        cache_batch_size),
                         workdir, "online")
         blocks.append({"block": i, "b_in": b_in, "b_out": b_out, "layers": len(kept[i]), "steps": cached["steps"],
                        "cached_wall_s": cached["wall_s"], "online_wall_s": online["wall_s"],

@@ -16,7 +16,8 @@ import time
 import uuid
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import luigi
 from luigi.parameter import ParameterVisibility
@@ -24,13 +25,7 @@ from luigi.task import flatten
 
 from zgcore.atomic import atomic_path, remove_registered_temps, remove_stale_temps
 from zgcore.device import precision
-from zgcore.hashing import (
-    canonical,
-    config_hash,
-    file_sha256,
-    file_sha256_cached,
-    remember_sha256,
-)
+from zgcore.hashing import canonical, config_hash, file_sha256, file_sha256_cached, remember_sha256
 from zgcore.threads import decoder_params
 
 from .integrity import (  # noqa: F401 (completion_pass: zerograph status's, re-exported)
@@ -135,17 +130,17 @@ class ZGTask(luigi.Task):
             out["precision"] = precision(self.device)
         return out
 
-    def upstream(self) -> list["ZGTask"]:
+    def upstream(self) -> list[ZGTask]:
         """The ZeroGraph tasks :meth:`requires` returns, in order."""
         return [t for t in flatten(self.requires()) if isinstance(t, ZGTask)]
 
-    def dynamic_upstream(self) -> list["ZGTask"]:
+    def dynamic_upstream(self) -> list[ZGTask]:
         """Tasks whose outputs this one reads besides :meth:`requires`: the dynamic dependencies its
         ``run`` yields, once they can be named ([] by default). Not hashed (they follow from the
         static inputs), but recorded and checked like them, so a rebuilt one makes this task stale."""
         return []
 
-    def read_upstream(self) -> list["ZGTask"]:
+    def read_upstream(self) -> list[ZGTask]:
         """Every task whose output this one reads: :meth:`upstream`, then :meth:`dynamic_upstream`."""
         return self.upstream() + [t for t in self.dynamic_upstream() if isinstance(t, ZGTask)]
 

@@ -103,13 +103,13 @@ class TrainBlock(Resumable, _TeacherTask):
         self.log(f"trained {m['steps']} steps in {m['seconds']:.1f} s; final loss {m['final_loss']:.4f}")
 
     # -- the lr search's hooks (train.lrs; tasks.search.LRSearch)
-    def candidate_task(self, lr: float) -> "TrainBlock":
+    def candidate_task(self, lr: float) -> TrainBlock:
         """This block at one peak lr, without a search."""
         return self.shared(TrainBlock, boundary=self.boundary, block=self.block,
                            train={**dict(self.train), "lr": float(lr),
                            "lrs": []}, candidate=True, study=self.study, device=self.device)
 
-    def score_task(self, candidate: "TrainBlock") -> "ScoreBlock":
+    def score_task(self, candidate: TrainBlock) -> ScoreBlock:
         return self.shared(ScoreBlock, boundary=self.boundary, block=self.block, train=candidate.train,
                            device=self.device)
 

@@ -105,13 +105,13 @@ class DistillE2E(_DistillTask):
         return {**dict(self.distill), "steps": self._steps}
 
     # -- the lr search
-    def candidate_task(self, lr: float) -> "DistillE2E":
+    def candidate_task(self, lr: float) -> DistillE2E:
         """This arm at one peak lr, without a search."""
         d = {**dict(self.distill), "lr": float(lr), "lrs": []}
         return self.shared(DistillE2E, boundary=self.boundary, blocks=self.blocks, distill=d, heal=self.heal,
                            candidate=True, study=self.study, device=self.device)
 
-    def score_task(self, candidate: "DistillE2E") -> "EvaluateStudent":
+    def score_task(self, candidate: DistillE2E) -> EvaluateStudent:
         if not self.eval:
             raise ValueError("DistillE2E with distill.lrs needs the experiment's eval section (eval=...) to score candidates")
         return self.shared(EvaluateStudent, boundary=self.boundary, blocks=self.blocks, distill=candidate.distill,

@@ -123,7 +123,7 @@ class Evaluate(_StudentTask):
             rows.append(utilisation.from_metrics("healing", m, here, work))
         scoring = [req["scores"]] + req.get("extra", [])
         for tasks in scoring:
-            for k, t in tasks.items():
+            for t in tasks.values():
                 rows.append(utilisation.from_metrics(f"scoring {t.label()}", json.loads(t.checked(METRICS).read_text()), here))
         rows.append(utilisation.from_metrics("scoring boundary shift", json.loads(req["shift"].checked(METRICS).read_text()), here))
         return rows

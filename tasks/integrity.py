@@ -11,7 +11,7 @@ import inspect
 import logging
 import os
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 # A recorded file up to this size is metadata (records, metrics, reports): complete() compares its
 # SHA-256. A larger one (weights, stores, checkpoints) is bulk: complete() compares its size, and its

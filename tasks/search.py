@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 from zgcore.atomic import write_json
 from zgcore.training import lr_search

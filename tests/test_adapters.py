@@ -91,7 +91,7 @@ def test_dropped_layers_keep_their_layer_types(load_tiny):
     assert block.body.config.layer_types == ["full_attention", "sliding_attention"]
     student = assemble(gemma, [build_block(gemma, [0], "teacher", 0), block])
     assert student.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
-    assert [l.self_attn.is_sliding for l in student.model.layers] == [True, False, True]
+    assert [layer.self_attn.is_sliding for layer in student.model.layers] == [True, False, True]
 
 
 def test_unsupported_architecture_names_it_and_lists_supported():

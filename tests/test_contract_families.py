@@ -152,7 +152,9 @@ def kill_each_family(outputs: Path, roots: str, max_rounds: int = 25) -> dict[st
     marks = outputs.with_name(outputs.name + "-killed")
     marks.mkdir(parents=True, exist_ok=True)
     script, env, unwhole = KILL_EACH.format(roots=roots), {**ENV, KILL_ENV: str(marks)}, []
-    for rounds in range(1, max_rounds + 1):
+    rounds = 0
+    for _ in range(max_rounds):
+        rounds += 1
         before = set(os.listdir(marks))
         r = subprocess.run([sys.executable, "-c", script, str(outputs)], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=900)

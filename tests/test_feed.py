@@ -267,7 +267,7 @@ def test_worker_processes_survive_sources_that_keep_reuse_or_cannot_send_what_th
     for source, match in ((unsendable, "pickle"), (raises, "TwoArgs: boundary shard file /x/b2.h5: checksum failure")):
         errors: list[str] = []
 
-        def consume():
+        def consume(source=source, errors=errors):
             try:
                 for _ in prefetch(source, 1, mode="process"):
                     pass

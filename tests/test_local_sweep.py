@@ -101,7 +101,7 @@ def test_tuning_split_is_disjoint_from_training_and_test_and_the_same_for_every_
     firsts = []
     for run in runs:
         sp = zl.model_splits(train, val, run, 200)
-        inv = lambda rows: set(sp["ids"][rows[:, 0]].tolist())  # model id -> tokenizer id of each row's first token
+        inv = lambda rows, sp=sp: set(sp["ids"][rows[:, 0]].tolist())  # model id -> tokenizer id of each row's first token
         tr, tu, va = inv(sp["train"]), inv(sp["tune"]), inv(sp["val"])
         assert len(tu) == 6 and len(tr) == 34 and not tu & tr and not tu & va and tr | tu == set(range(40))
         firsts.append((tr, tu))

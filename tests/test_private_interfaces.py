@@ -19,7 +19,6 @@ import luigi.execution_summary
 import luigi.interface
 import luigi.retcodes
 import luigi.worker
-import pytest
 import torch
 
 import workflows  # noqa: F401 (installs the wrappers, so their originals are checked through them)

@@ -7,7 +7,7 @@ graph imports the tasks when it builds it.
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -56,7 +56,7 @@ def graph_states(tasks: list) -> list[str]:
         return [task_state(t) for t in tasks]
 
 
-def pick(preset: str, workflow: Optional[str] = None) -> registry.Workflow:
+def pick(preset: str, workflow: str | None = None) -> registry.Workflow:
     """The registered workflow to inspect: ``workflow`` when given, else the owner of ``preset``
     (:mod:`workflows.registry`; ``RunExperiment`` for an empty preset). An unknown workflow or preset
     prints one line and exits ``CONFIG_ERROR_EXIT`` (2)."""
@@ -75,7 +75,7 @@ def pick(preset: str, workflow: Optional[str] = None) -> registry.Workflow:
     return or_exit(find)
 
 
-def root_tasks(config: str, set_: list[str] | str, preset: str, outputs: str, workflow: Optional[str] = None) -> list:
+def root_tasks(config: str, set_: list[str] | str, preset: str, outputs: str, workflow: str | None = None) -> list:
     """The root tasks of the workflow (:func:`pick`) as ``luigi --module workflows <Workflow>`` builds
     them from the same options; a configuration error prints one line and exits ``CONFIG_ERROR_EXIT`` (2)."""
     import luigi.task
@@ -97,7 +97,7 @@ def all_tasks(roots: list) -> list:
     return list(seen.values())
 
 
-def run_command(config: str, set_: list[str] | str, preset: str, outputs: str, workflow: Optional[str] = None) -> str:
+def run_command(config: str, set_: list[str] | str, preset: str, outputs: str, workflow: str | None = None) -> str:
     """The `luigi` command that builds this experiment or study, with the options the user gave
     (each ``--set`` as given, in order)."""
     wf = pick(preset, workflow)
@@ -116,7 +116,7 @@ WorkflowOpt = typer.Option(None, "--workflow", "-w", help="the workflow that ran
 
 @app.command(epilog="\n\n".join(f"{word}: {meaning}" for word, meaning in STATES.items()))
 def status(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
-           workflow: Optional[str] = WorkflowOpt):
+           workflow: str | None = WorkflowOpt):
     """Each task of the preset's workflow (``--preset library_tiny``: SelectStudent's tasks;
     ``local_tiny``: the local learning study's), its state and its folder. Exits 0 when every task
     is done, else 1 (so a script can check a run that several workers shared); 2 on a configuration
@@ -143,7 +143,7 @@ def report_path(roots: list, wf: registry.Workflow, as_json: bool = False):
 
 @app.command()
 def report(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
-           workflow: Optional[str] = WorkflowOpt,
+           workflow: str | None = WorkflowOpt,
            as_json: bool = typer.Option(False, "--json", help="print report.json instead of report.md")):
     """Print the report of the preset's workflow (``--preset library_tiny``: the library's;
     ``distill_tiny``: the distillation study's); exit 1 if it has not been built, or if it or a task
@@ -165,7 +165,7 @@ def report(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
 
 @app.command()
 def verify(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
-           workflow: Optional[str] = WorkflowOpt,
+           workflow: str | None = WorkflowOpt,
            clean: bool = typer.Option(False, "--clean", help="first remove every temporary file or folder under "
                                       "--outputs whose writer is gone (killed, node lost)"),
            stale_hours: float = typer.Option(24.0, "--stale-hours", help="with --clean: a temporary name written on "
@@ -196,7 +196,7 @@ def verify(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Prese
 
 @app.command()
 def clean(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
-          workflow: Optional[str] = WorkflowOpt,
+          workflow: str | None = WorkflowOpt,
           yes: bool = typer.Option(False, "--yes", "-y", help="remove them (without it: only list them)"),
           stale_hours: float = typer.Option(24.0, "--stale-hours", help="a temporary name written on another host "
                                             "is a dead writer's once unchanged this long")):
@@ -227,12 +227,12 @@ def clean(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = Preset
 
 @app.command()
 def plan(config: str = ConfigOpt, set: list[str] = SetOpt, preset: str = PresetOpt, outputs: str = OutputsOpt,
-         workflow: Optional[str] = WorkflowOpt,
-         tokens: Optional[int] = typer.Option(None, "--tokens", help="corpus tokens to plan for (default: the corpus's own)"),
+         workflow: str | None = WorkflowOpt,
+         tokens: int | None = typer.Option(None, "--tokens", help="corpus tokens to plan for (default: the corpus's own)"),
          device: str = typer.Option("cpu", "--device", help="h100 | h200 | a100 (datasheet peaks) | cpu | cuda (this "
                                     "machine, probed now)"),
          devices: int = typer.Option(1, "--devices", help="devices the graph's tasks share (shards and blocks in parallel)"),
-         mfu: Optional[float] = typer.Option(None, "--mfu", help="the share of the peak every phase runs at (default: "
+         mfu: float | None = typer.Option(None, "--mfu", help="the share of the peak every phase runs at (default: "
                                              "zgcore/evaluation/accelerators.py)"),
          as_json: bool = typer.Option(False, "--json", help="print the plan as JSON (tasks, totals)")):
     """Predict each task of the preset's workflow before it runs: peak host and device memory

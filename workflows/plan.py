@@ -18,7 +18,8 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 CHARS_PER_TOKEN = {"byte": 1.0, "bpe": 4.0}
 

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 import typer.core
@@ -77,7 +77,7 @@ def _check_tools() -> None:
         fail(f"{', '.join(missing)} not on PATH: run this on a Slurm login node (or start a test cluster: scripts/slurm_local.sh start)")
 
 
-def _resolve(workflow: str, config: str, set_: str, preset: Optional[str], outputs: str, gpus: int,
+def _resolve(workflow: str, config: str, set_: str, preset: str | None, outputs: str, gpus: int,
              launching: bool = True):
     """Check the outputs path (and, ``launching``, the device against the GPUs asked for), then
     build the workflow; returns (the ``--set`` string with ``device=cuda`` added for GPUs, the
@@ -106,15 +106,15 @@ def launch(workflow: str = WorkflowArg,
            tasks_per_worker: int = typer.Option(1, "--tasks-per-worker", min=1,
                                                 help="Slurm tasks per job (--ntasks): K for a pipelined local-learning "
                                                      "run (train.execution=pipeline), whose K stages run as one srun"),
-           mem: Optional[str] = typer.Option(None, "--mem", help="memory per job, e.g. 32G (--mem; default: "
+           mem: str | None = typer.Option(None, "--mem", help="memory per job, e.g. 32G (--mem; default: "
                                                        "the plan's largest task and a quarter more)"),
-           partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition (default: the cluster's)"),
-           time_limit: Optional[str] = typer.Option(None, "--time", help="time limit per job, e.g. 04:00:00 "
+           partition: str | None = typer.Option(None, "--partition", help="Slurm partition (default: the cluster's)"),
+           time_limit: str | None = typer.Option(None, "--time", help="time limit per job, e.g. 04:00:00 "
                                                                     "(default: twice the plan's wall time)"),
-           config: str = ConfigOpt, set: list[str] = SetOpt, preset: Optional[str] = PresetOpt, outputs: str = OutputsOpt,
+           config: str = ConfigOpt, set: list[str] = SetOpt, preset: str | None = PresetOpt, outputs: str = OutputsOpt,
            detach: bool = typer.Option(False, "--detach", help="return once the jobs are submitted"),
            sbatch_args: str = typer.Option("", "--sbatch", help='more sbatch options, e.g. "--account=abc --qos=high"'),
-           scheduler_host: Optional[str] = typer.Option(None, "--scheduler-host",
+           scheduler_host: str | None = typer.Option(None, "--scheduler-host",
                                                         help="this host's name as the nodes reach it (default: its FQDN)"),
            scheduler_port: int = typer.Option(0, "--scheduler-port", help="luigid's port (default: a free one)"),
            poll: float = typer.Option(5.0, "--poll", help="seconds between job-state checks while waiting"),
@@ -230,7 +230,7 @@ def _start_scheduler(folder: Path, workers: int, gpus_per_worker: int, sched_hos
         pid = start_luigid(folder, port, cfg)
     except UsageError as e:
         fail(str(e))
-    return {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "workers": workers,
+    return {"time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "workers": workers,
             "script": str(script_path),
             "luigid": {"host": sched_host, "port": port, "pid": pid, "started_on": socket.gethostname(),
                        "state": str(folder / "luigid-state.pickle"), "config": str(cfg)}}
@@ -275,7 +275,7 @@ def _dry_run(workflow: str, exp: str, options: list[str], workers: int, gpus: in
             f"{folder}/worker.sbatch{note}\n{script}")
 
 
-def _prepare(workflow: str, config: str, set_: str, preset: Optional[str], outputs: str, folder: Path,
+def _prepare(workflow: str, config: str, set_: str, preset: str | None, outputs: str, folder: Path,
              on_failure=lambda: None) -> None:
     """Build the workflow's teacher and corpus here (``PrepareFor`` with Luigi's local scheduler);
     exits 1 with the log's tail when that fails (after ``on_failure()``: the launcher stops luigid)."""
@@ -347,7 +347,7 @@ GpusOpt = typer.Option(0, "--gpus-per-worker", "-g", min=0, help="as given to la
 
 
 @app.command()
-def status(workflow: str = WorkflowArg, config: str = ConfigOpt, set: list[str] = SetOpt, preset: Optional[str] = PresetOpt,
+def status(workflow: str = WorkflowArg, config: str = ConfigOpt, set: list[str] = SetOpt, preset: str | None = PresetOpt,
            outputs: str = OutputsOpt, gpus_per_worker: int = GpusOpt):
     """Each job of a launched experiment, and whether the experiment is complete.
 
@@ -370,7 +370,7 @@ def status(workflow: str = WorkflowArg, config: str = ConfigOpt, set: list[str] 
 
 
 @app.command()
-def cancel(workflow: str = WorkflowArg, config: str = ConfigOpt, set: list[str] = SetOpt, preset: Optional[str] = PresetOpt,
+def cancel(workflow: str = WorkflowArg, config: str = ConfigOpt, set: list[str] = SetOpt, preset: str | None = PresetOpt,
            outputs: str = OutputsOpt, gpus_per_worker: int = GpusOpt):
     """Cancel the experiment's pending and running jobs and stop its luigid.
 

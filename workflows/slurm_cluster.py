@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root: workers run from here
 SLURM_TOOLS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
@@ -47,7 +47,7 @@ def hostnames(expr: str) -> list[str]:
     return slurm("scontrol", "show", "hostnames", expr).stdout.split() if expr.strip() else []
 
 
-def partition_nodes(partition: Optional[str]) -> list[str]:
+def partition_nodes(partition: str | None) -> list[str]:
     """The nodes of ``partition`` (the default partition when None).
 
     Raises:
@@ -65,7 +65,7 @@ def partition_nodes(partition: Optional[str]) -> list[str]:
     return hostnames(known[partition][1])
 
 
-def local_folder_reason(path: Path) -> Optional[str]:
+def local_folder_reason(path: Path) -> str | None:
     """Why ``path`` is certainly not shared between nodes (a tmpfs, /tmp, ...), or None."""
     p = str(path)
     tmpdirs = [*LOCAL_DIRS, *([os.environ["TMPDIR"]] if os.environ.get("TMPDIR", "").startswith("/") else [])]
@@ -250,7 +250,7 @@ def stop_luigid(info: dict[str, Any]) -> bool:
 # --- the job script ----------------------------------------------------------------------------
 
 def worker_script(folder: Path, workflow: str, options: list[str], *, workers: int, gpus: int, cpus: int,
-                  partition: Optional[str], time_limit: Optional[str], mem: Optional[str], sched_host: str,
+                  partition: str | None, time_limit: str | None, mem: str | None, sched_host: str,
                   sched_port: int | str, name: str, extra: list[str], tasks: int = 1) -> str:
     """The sbatch script of the worker job array (one array element per worker job).
 

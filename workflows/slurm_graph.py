@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import luigi
 import typer
@@ -41,7 +41,7 @@ def workflow_classes() -> dict[str, type]:
     return {name: getattr(workflows, name) for name in registry.names()}
 
 
-def experiment_options(config: str, set_: str, preset: Optional[str], outputs: str) -> list[str]:
+def experiment_options(config: str, set_: str, preset: str | None, outputs: str) -> list[str]:
     """The workflow's command-line options as given (``--preset`` only when given, so each workflow
     keeps its own default)."""
     args = ["--outputs", outputs]
@@ -51,7 +51,7 @@ def experiment_options(config: str, set_: str, preset: Optional[str], outputs: s
     return args
 
 
-def make_workflow(name: str, config: str, set_: str, preset: Optional[str], outputs: str):
+def make_workflow(name: str, config: str, set_: str, preset: str | None, outputs: str):
     """The workflow task as ``luigi --module workflows <name>`` builds it; a configuration error
     prints one line and exits 2."""
     classes = workflow_classes()

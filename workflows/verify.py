@@ -12,7 +12,8 @@ progress bar) and a ``check(progress)`` that returns ``(path, what is wrong)`` p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
 
 from zgcore.progress import LogLines, progress_bar
 

@@ -21,7 +21,8 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from zgcore.atomic import STALE_AFTER_S, is_stale, remove_stale_temps, temp_writer
 
@@ -47,7 +48,7 @@ class Item:
     what: str
     nbytes: int
     check: Callable[[Callable[[int], None]], list[Problem]]
-    folder: Optional[Path] = None
+    folder: Path | None = None
 
 
 def _sha256(path: Path, progress: Callable[[int], None], chunk: int = 1 << 22) -> str:

@@ -19,7 +19,8 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from zgcore.hashing import canonical
 

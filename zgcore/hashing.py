@@ -13,7 +13,8 @@ import json
 import math
 import textwrap
 from pathlib import PurePath
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 HASH_LEN = 12
 

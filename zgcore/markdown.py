@@ -8,7 +8,8 @@ silently).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 MISSING = "—"
 

@@ -93,7 +93,7 @@ class LogLines:
             self._write()
         self.closed = True
 
-    def __enter__(self) -> "LogLines":
+    def __enter__(self) -> LogLines:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -13,7 +13,8 @@ import copy
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any
+from collections.abc import Collection, Mapping
 
 import yaml
 

@@ -55,7 +55,7 @@ def validate(cfg: dict[str, Any]) -> None:
         for j, v in enumerate(variants):
             if "n_layers" in v and "keep_fraction" in v:
                 raise ConfigError(f"{where}[{j}]: give n_layers or keep_fraction, not both")
-    for k, v in norm.items():
+    for v in norm.values():
         v["variants"] = list(v["variants"])
 
 

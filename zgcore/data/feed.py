@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch

@@ -64,8 +64,10 @@ def close_all(files: Iterable[h5py.File]) -> None:
         OSError: a flush failed; the files are closed and their content is given up."""
     files = list(files)
     names = [f.filename for f in files]  # asked before: a closed file's name is not to be asked (h5py crashes)
+    flushing = None
     try:
-        for i, f in enumerate(files):
+        for name, f in zip(names, files):
+            flushing = name
             f.flush()
     except Exception as e:
         abandon(files)
@@ -75,7 +77,7 @@ def close_all(files: Iterable[h5py.File]) -> None:
         code = (
             errno.EDQUOT if f"errno = {errno.EDQUOT}," in text else errno.ENOSPC if "errno = 28," in text else errno.EIO
         )
-        raise OSError(code, f"HDF5 could not flush {names[i]}: {text.splitlines()[0]}") from e
+        raise OSError(code, f"HDF5 could not flush {flushing}: {text.splitlines()[0]}") from e
     for f in files:
         f.close()
 

@@ -9,7 +9,8 @@ evaluation tasks read it: no training task's inputs, configuration or hash depen
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from zgcore.checks import ConfigError
 

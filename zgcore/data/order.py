@@ -4,7 +4,7 @@ prefetching reader reads ahead in the order the step will ask for.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

@@ -15,7 +15,8 @@ must be sent as a copy (``.clone()``), since nothing here can see that process's
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 import torch
 

@@ -20,7 +20,8 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
+from collections.abc import Callable, Iterator, Mapping
 
 from zgcore.checks import ConfigError
 
@@ -196,11 +197,10 @@ def _encoding_problem(path: Path) -> str | None:
 def _first_record_problem(path: Path, field: str) -> str | None:
     """Why the first non-blank line of JSONL file ``path`` is not a JSON object holding ``field``, or None."""
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            if raw.strip():
-                break
-        else:
-            return "holds only blank lines"
+        first = next(((n, raw) for n, raw in enumerate(f, 1) if raw.strip()), None)
+    if first is None:
+        return "holds only blank lines"
+    n, raw = first
     try:
         rec = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:

@@ -22,7 +22,8 @@ at bf16; ``--mfu`` replaces it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 TFLOP = 1e12
 GB = 1e9

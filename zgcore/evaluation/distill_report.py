@@ -6,7 +6,8 @@ tasks could run at once, and the student layer-token passes each arm spent.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from zgcore.evaluation import report as zreport
 from zgcore.evaluation.compare import compare_arms, markdown as compare_md, sentence

@@ -6,7 +6,8 @@ CE, the student layer-token passes it spent, its stages' time and memory, and it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from zgcore.evaluation import distill_report
 from zgcore.evaluation.compare import descriptive as describe_only

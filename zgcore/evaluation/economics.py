@@ -7,7 +7,8 @@ Source: ZeroGraph (arXiv:2611.02200), cache economics.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from zgcore.markdown import num, table
 

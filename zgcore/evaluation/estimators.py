@@ -16,7 +16,7 @@ the cluster bootstrap (Field & Welsh, JRSS B 2007); McGraw & Wong, Psychol. Meth
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

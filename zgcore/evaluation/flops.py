@@ -20,7 +20,8 @@ length, ``d`` the width: the attention scores and their weighted sum); an LM hea
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 
 def model_parameters(model) -> dict[str, Any]:

@@ -3,7 +3,8 @@ settings are :mod:`zgcore.data.heldout`'s)."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 

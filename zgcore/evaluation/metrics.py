@@ -4,7 +4,8 @@ markdown) is :mod:`zgcore.evaluation.report`'s."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -231,7 +232,7 @@ def boundary_shift(teacher: torch.nn.Module | None, blocks: list, boundaries: li
     for i, block in enumerate(blocks):
         block.eval()
         b_in, b_out = boundaries[i], boundaries[i + 1]
-        err = lambda h: float(regression_loss(block(h), bd[b_out], "channel", scale[b_out]))
+        err = lambda h, block=block, b_out=b_out: float(regression_loss(block(h), bd[b_out], "channel", scale[b_out]))
         noisy = {}
         for s in scales:
             eps = torch.randn(bd[b_in].shape, generator=gen).to(device)

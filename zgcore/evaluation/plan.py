@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from zgcore.evaluation import plan_costs as costs
 from zgcore.evaluation import plan_training as training

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from zgcore.evaluation import flops
 from zgcore.evaluation.plan_shape import ModelShape, student_shape

@@ -4,7 +4,8 @@ from __future__ import annotations
 import csv
 import math
 import os
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from zgcore.atomic import atomic_path
 

@@ -11,7 +11,8 @@ Source: ZeroGraph (arXiv:2611.02200), quality and context-use gates, cache econo
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -4,7 +4,8 @@ and MFU against the matmul peak measured in the process that ran it
 (:func:`zgcore.training.mfu.probe`), or, where that process recorded none, in the report's own."""
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from zgcore.markdown import num, table
 

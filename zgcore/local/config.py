@@ -8,7 +8,8 @@ value raises :class:`zgcore.config.experiment.ConfigError` naming the key, befor
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping, get_args
+from typing import Any, get_args
+from collections.abc import Mapping
 
 from zgcore.config.experiment import ConfigError, resolve_boundaries
 from zgcore.config.fields import check_section, defaults, hashed_view, never_hashed

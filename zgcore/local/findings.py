@@ -4,7 +4,8 @@ are compared (names, pairs) and when a finding is "reproduced" (only from resolv
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from .flops import FLOPS_MATCHED
 

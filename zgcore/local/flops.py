@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from zgcore.checks import ConfigError
 from .data import parse_vocab

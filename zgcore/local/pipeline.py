@@ -25,7 +25,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -146,7 +147,7 @@ def _failure(codes: list[int | None], work: Path, k: int, name: str, bounds: lis
     step a rerun resumes. A stage's non-finite loss comes back as :class:`NonFiniteError`. ``codes``:
     each stage's exit code (negative: the signal that ended it; ``None``: unknown, an ``srun`` task)."""
     recs = [read_record(stage_dir(work, j), ERROR) for j in range(k)]
-    for j, r in enumerate(recs):
+    for r in recs:
         if r and r.get("non_finite"):
             nf = r["non_finite"]
             return NonFiniteError(nf["message"], nf["step"], nf["what"], nf["value"])
@@ -219,7 +220,7 @@ def train_pipeline(lm, train_tokens: np.ndarray, setup: Mapping[str, Any], t: Ma
     if work is None:
         scratch = work = Path(tempfile.mkdtemp(prefix="zg-pipeline-"))
     work = Path(work)
-    resume = resume_point(work, k)
+    resume_point(work, k)  # prepares the stages' folders to restart from the last step all saved
     store = work / f"rendezvous-{uuid.uuid4().hex[:8]}"
     spec = {"setup": dict(setup), "train": dict(t), "tokens": train_tokens, "vocab_size": lm.model.config.vocab_size,
             "k": k, "steps": steps, "device": str(device), "work": str(work), "store": str(store), "run_hash": run_hash,

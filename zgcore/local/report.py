@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from zgcore.training.lr_search import choose_lr, edge_note  # noqa: F401 (choose_lr re-exported: the search's argmin)
 from zgcore.evaluation.compare import DESCRIPTIVE

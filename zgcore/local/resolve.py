@@ -4,7 +4,8 @@ every check (:mod:`.config`, :mod:`.seeds`), before any task runs.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from zgcore.config.experiment import (ConfigError, _check_keys, canonical_paths, deep_merge, load_file, parse_overrides,
                                       validate_corpus)

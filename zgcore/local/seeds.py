@@ -4,7 +4,8 @@ the seeds that search learning rates apart from those that are reported (no sele
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from zgcore.checks import ConfigError
 from .config import expand_study

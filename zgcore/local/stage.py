@@ -33,7 +33,8 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -84,7 +85,7 @@ class StageLoop(TrainLoop):
             return super().save(path)
         step = int(self.log[-1][0])
         super().save(path.with_name(f"checkpoint-{step:08d}.pt"))
-        common = min((max(checkpoint_steps(stage_dir(path.parent.parent, i)) or [0]) for i in range(self.stages)))
+        common = min(max(checkpoint_steps(stage_dir(path.parent.parent, i)) or [0]) for i in range(self.stages))
         for s in checkpoint_steps(path.parent):
             if s < common:
                 (path.parent / f"checkpoint-{s:08d}.pt").unlink(missing_ok=True)

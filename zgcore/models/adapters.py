@@ -6,7 +6,7 @@ layers themselves (HF ``output_hidden_states`` applies the final norm to its las
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn

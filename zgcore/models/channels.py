@@ -7,7 +7,7 @@ and the zero-padding that lets blocks of different widths share one Hugging Face
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

@@ -16,7 +16,8 @@ arXiv:2402.04347), Puzzle (Bercovich et al. 2024, arXiv:2411.19146).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from zgcore.checks import ConfigError
 

@@ -7,7 +7,8 @@ Source: ZeroGraph (arXiv:2611.02200), student initialisation from kept teacher l
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from zgcore.checks import ConfigError
 

@@ -12,7 +12,8 @@ themselves is :mod:`zgcore.models.channels`.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import torch

@@ -124,8 +124,8 @@ def describe(spec: str, outputs: str | os.PathLike = "outputs") -> TeacherInfo:
         check_folder(folder)  # weights and tokenizer are there: PrepareCorpus and TeacherBoundary need both
         for w in sorted(folder.glob("*.safetensors")):
             teacher_files.check_safetensors(w)  # headers only
-    n_layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
-    max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions")
+    n_layers = getattr(cfg, "num_hidden_layers", None) or cfg.n_layer
+    max_pos = getattr(cfg, "max_position_embeddings", None) or cfg.n_positions
     from zgcore.models.channels import mlp_width
 
     return TeacherInfo(spec, model_type, int(n_layers), int(cfg.hidden_size), int(max_pos), mlp_width(cfg))

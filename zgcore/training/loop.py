@@ -26,7 +26,8 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -185,7 +186,7 @@ class TrainLoop:
         self.update(0, step)
         return [loss.detach(), *values]
 
-    def _read_back(self, pending: list["_Pending"], bar, progress) -> None:
+    def _read_back(self, pending: list[_Pending], bar, progress) -> None:
         """Copy every value, check and gradient norm of the ``pending`` steps to the host in one
         transfer (one host-device sync), raise :class:`NonFiniteError` at the first non-finite
         check (in step order, as an immediate check would have), then log the steps and hand

@@ -18,7 +18,8 @@ unimodal in log lr, so bracketing the minimum and halving the bracket in log spa
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 MAX_RATIO = 2.0  # neighbours of the chosen lr are at most this factor away when the search converges
 EXTEND_MAX = 4.0  # a step past an edge is the grid's own spacing there, at most this factor (at least MAX_RATIO)

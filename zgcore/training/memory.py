@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import resource
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -111,7 +112,7 @@ class PeakRSS:
     ``m = PeakRSS().start()`` ... ``m.stop()`` (returns MiB).
     """
 
-    def start(self) -> "PeakRSS":
+    def start(self) -> PeakRSS:
         """Reset the peak (see above); returns ``self``."""
         return self.__enter__()
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 # what every smoke run accepts and obeys, besides its own settings
 SMOKE_KEYS = ("max_steps", "log_every", "checkpoint_every")

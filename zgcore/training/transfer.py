@@ -11,7 +11,7 @@ attention ``kept[j]``'s output.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

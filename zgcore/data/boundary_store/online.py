@@ -3,7 +3,7 @@ training, with the reader's interface, the store's rounding and the store's stat
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch

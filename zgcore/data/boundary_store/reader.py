@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -25,8 +26,7 @@ from .integrity import outside_sha256
 from .common import (FINITE_AT_WRITE, FORMAT_VERSION, MANIFEST, READABLE_VERSIONS, TORCH_DTYPES, BoundaryStoreError, check_finite,
                      quarantine, quarantine_file, system_error, unavailable)
 
-# Rows read and checked at a time: about 1 MiB of stored bytes, so that a piece is still in the
-# core's cache (2 MiB L2 here) when its checksum and finiteness test run over it.
+# Rows read and checked at a time: about 1 MiB of stored bytes, still in a core's cache when checked
 PIECE_BYTES = 1 << 20
 # A 16-bit value shifted left by one (sign dropped) is at least this when its exponent bits are all
 # ones (inf or NaN): bfloat16 0x7f80 << 1, float16 0x7c00 << 1.
