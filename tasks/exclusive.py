@@ -2,7 +2,7 @@
 
 Two ``--local-scheduler`` runs (or two identical commands, or workers of different luigid
 schedulers) whose graphs share a task each schedule it, since neither sees the other. Each task's
-run therefore holds an exclusive lock on ``<outputs>/<Family>/.<label>-<hash>.lock`` (``flock``,
+run therefore holds an exclusive lock on ``<outputs>/.locks/<Family>/<label>-<hash>.lock`` (``flock``,
 :func:`zgcore.atomic.exclusive`): the second run of the same task waits for the first and, once the
 first has finished it and its output is whole (:meth:`tasks.base.ZGTask.check_output`), counts it as
 done and goes on without building it again. A first run that failed leaves the lock free and the
@@ -22,8 +22,9 @@ from zgcore.atomic import exclusive
 
 
 def lock_path(task) -> Path:
-    """The lock file of ``task``'s build: ``.<folder name>.lock`` beside its output folder."""
-    return task.out_dir.with_name(f".{task.out_dir.name}.lock")
+    """The lock file of ``task``'s build: ``<outputs>/.locks/<Family>/<folder name>.lock``, outside the
+    family's folder, so a lock a killed or failed run leaves holds nothing a reader of outputs meets."""
+    return task.out_dir.parent.parent / ".locks" / task.out_dir.parent.name / f"{task.out_dir.name}.lock"
 
 
 def finished_elsewhere(task) -> bool:

@@ -100,10 +100,11 @@ class BoundaryShift(_StudentTask):
 
     def store_task(self):
         """The teacher cache whose ``val`` shards hold the teacher's boundaries this task needs, bitwise
-        as its forward gives them (float32 teacher and storage), when the experiment builds it (a block
-        with cached targets); else None: the teacher runs here."""
+        as its forward gives them (float32 teacher and storage, no boundary codec: a coded store holds
+        approximations), when the experiment builds it (a block with cached targets); else None: the teacher
+        runs here."""
         b = self.boundary
-        if b["dtype"] != "float32" or b["teacher_dtype"] != "float32" or \
+        if b["dtype"] != "float32" or b["teacher_dtype"] != "float32" or b.get("codec", "none") != "none" or \
                 not any(t["targets"] == "cached" for t in self.blocks):
             return None
         from .cache import TeacherBoundary

@@ -209,7 +209,7 @@ def test_the_pre_flight_stops_a_run_whose_store_cannot_fit_its_disk(tmp_path):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: pre-flight: the tasks still to run write "), lines
     assert str(out) in lines[0] and "97.7 KiB free" in lines[0] and "boundary.dtype=bfloat16" in lines[0]
-    assert not out.exists(), "a task ran before the pre-flight"
+    assert not out.exists() or not any(out.iterdir()), "a task ran before the pre-flight"  # the writable probe may make it
 
 
 def test_the_pre_flight_stops_a_task_that_cannot_fit_a_memory_limit(tmp_path, monkeypatch):

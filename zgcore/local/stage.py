@@ -351,7 +351,8 @@ def _register() -> None:
     register_path("local/pipeline", __name__, _smoke)
 
 
-_register()
+if __name__ != "__main__":  # run as a stage's process (python -m) the package's import has registered it
+    _register()
 
 
 def read_record(folder: Path, name: str) -> dict[str, Any] | None:
