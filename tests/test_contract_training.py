@@ -81,13 +81,18 @@ def check_read_backs(path: TrainingPath, folder: Path) -> None:
                                    f"log_every={LOG_EVERY}, at most {allowed} allowed: {sorted(set(calls))}")
 
 
-def _last_checkpoint(work: Path) -> Path | None:
-    """The checkpoint a resume would read under ``work``: ``work/checkpoint.pt``, or a pipeline
-    stage's newest ``checkpoint-<step>.pt`` (:class:`zgcore.local.stage.StageLoop` keeps them by step)."""
+def _newest_checkpoints(work: Path) -> list[Path]:
+    """The checkpoints a resume would read under ``work``: ``work/checkpoint.pt``, or each pipeline
+    stage's newest ``checkpoint-<step>.pt`` (:class:`zgcore.local.stage.StageLoop` keeps them by step; a
+    rerun resumes from the last step every stage saved), slowest stage first. Stage 0 runs in its own
+    process, where the NaN is not injected, so it may be a checkpoint ahead of the stage that failed."""
     if (work / CKPT).exists():
-        return work / CKPT
-    kept = sorted(work.rglob("checkpoint-*.pt"), key=lambda p: int(p.stem.split("-", 1)[1]))
-    return kept[-1] if kept else None
+        return [work / CKPT]
+    stages: dict[Path, list[Path]] = {}
+    for p in work.rglob("checkpoint-*.pt"):
+        stages.setdefault(p.parent, []).append(p)
+    step = lambda p: int(p.stem.split("-", 1)[1])  # noqa: E731
+    return sorted((max(ps, key=step) for ps in stages.values()), key=step)
 
 
 def check_nan_before_checkpoint(path: TrainingPath, folder: Path) -> None:
@@ -113,13 +118,14 @@ def check_nan_before_checkpoint(path: TrainingPath, folder: Path) -> None:
             pass
         else:
             raise AssertionError(f"training path {path.name!r}: a NaN parameter after step {NAN_AFTER} did not fail the run")
-    last = _last_checkpoint(folder / "work")
-    ck = load_checkpoint(last) if last is not None else None
+    newest = [load_checkpoint(p) for p in _newest_checkpoints(folder / "work")]
+    ck = newest[0] if newest else None
     assert ck is not None and ck["step"] == 10, (f"training path {path.name!r}: the checkpoint on disk after a NaN at step "
                                                  f"{NAN_AFTER + 1} is {None if ck is None else ck['step']}, not step 10's")
-    for name, state in ck["modules"].items():
-        assert all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()), \
-            f"training path {path.name!r}: the checkpoint's {name} holds a non-finite value"
+    for state_of in newest:  # every stage's newest checkpoint is finite, the failed one's included
+        for name, state in state_of["modules"].items():
+            assert all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()), \
+                f"training path {path.name!r}: the checkpoint's {name} (step {state_of['step']}) holds a non-finite value"
 
 
 def check_device_transfer(path: TrainingPath, folder: Path) -> None:
