@@ -124,12 +124,13 @@ def test_every_family_of_every_registered_workflow_has_a_cost_model(tmp_path):
 def test_the_step_count_is_the_training_loop_s():
     from zgcore.training.blocks import total_steps
 
-    for n, t in [
-        (100, {"max_steps": 0, "batch_size": 4, "epochs": 1.5}),
-        (7, {"max_steps": 0, "batch_size": 4, "epochs": 1}),
-        (1000, {"max_steps": 33, "batch_size": 8, "epochs": 2}),
+    assert plan_training.total_steps is total_steps  # one count, not a copy held equal
+    for n, t, steps in [
+        (100, {"max_steps": 0, "batch_size": 4, "epochs": 1.5}, 38),
+        (7, {"max_steps": 0, "batch_size": 4, "epochs": 1}, 2),
+        (1000, {"max_steps": 33, "batch_size": 8, "epochs": 2}, 33),
     ]:
-        assert plan_training.total_steps(n, t) == total_steps(n, t)
+        assert total_steps(n, t) == steps
 
 
 def test_a_codec_plugs_into_the_bytes_per_element():

@@ -4,7 +4,9 @@ prefetching reader reads ahead in the order the step will ask for.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -30,3 +32,12 @@ def batch_walk(n: int, seed: int, batch_size: int, start: int = 0, stop: int | N
             epoch, order = e, data_order(n, seed, e)
         yield step, order[k * batch_size: (k + 1) * batch_size]
         step += stride
+
+
+def total_steps(n_train: int, t: Mapping[str, Any]) -> int:
+    """Optimizer steps for a block: ``max_steps`` if set, else ``ceil(epochs * batches_per_epoch)``
+    (imports no torch: the planner counts steps with it too)."""
+    if int(t.get("max_steps") or 0):
+        return int(t["max_steps"])
+    per_epoch = (n_train + int(t["batch_size"]) - 1) // int(t["batch_size"])
+    return max(1, math.ceil(float(t["epochs"]) * per_epoch))

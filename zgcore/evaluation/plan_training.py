@@ -5,7 +5,6 @@ DistillE2E), and local learning's models trained from scratch (PretrainLocal) an
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,15 +23,7 @@ from zgcore.evaluation.plan_costs import (
     element_bytes,
 )
 from zgcore.evaluation.plan_shape import ModelShape, student_shape
-
-
-def total_steps(n_train: int, t: Mapping[str, Any]) -> int:
-    """A block's optimizer steps, as :func:`zgcore.training.blocks.total_steps` counts them (a test
-    holds the two equal; this one imports no torch)."""
-    if int(t.get("max_steps") or 0):
-        return int(t["max_steps"])
-    per_epoch = (n_train + int(t["batch_size"]) - 1) // int(t["batch_size"])
-    return max(1, math.ceil(float(t["epochs"]) * per_epoch))
+from zgcore.data.order import total_steps  # the training loop's own count (imports no torch)
 
 
 def _training_memory(params: int, tokens_per_step: int, layers: int, shape: ModelShape, ctx: Context) -> dict[str, int]:

@@ -8,7 +8,6 @@ count, the effective train settings (what a block's hash covers) and the weight 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from zgcore.atomic import atomic_path
 from zgcore.data.boundary_store import BoundaryReader
 from zgcore.device import autocast, to_device
 from zgcore.data.feed import block_batches
-from zgcore.data.order import batch_walk
+from zgcore.data.order import batch_walk, total_steps  # noqa: F401 (total_steps re-exported)
 from zgcore.training.loop import CKPT, FINAL_STATE, LOSS_LOG, NonFiniteError, TrainLoop, load_checkpoint, lr_at  # noqa: F401 (re-exported)
 from zgcore.training.loop import StepInfo, loss_metrics, state_digest  # noqa: F401 (state_digest re-exported)
 from zgcore.training.objectives import OBJECTIVES, ObjectiveContext, aux_active, aux_losses, regression_loss
@@ -31,14 +30,6 @@ from zgcore.training.objectives import OBJECTIVES, ObjectiveContext, aux_active,
 def block_seed(seed: int, block: int) -> int:
     """The RNG seed of block ``block`` in an experiment seeded ``seed`` (distinct per block)."""
     return int(np.random.SeedSequence([int(seed), int(block)]).generate_state(1)[0])
-
-
-def total_steps(n_train: int, t: Mapping[str, Any]) -> int:
-    """Optimizer steps for a block: ``max_steps`` if set, else ``ceil(epochs * batches_per_epoch)``."""
-    if int(t["max_steps"]):
-        return int(t["max_steps"])
-    per_epoch = (n_train + int(t["batch_size"]) - 1) // int(t["batch_size"])
-    return max(1, math.ceil(float(t["epochs"]) * per_epoch))
 
 
 @dataclass(frozen=True)
